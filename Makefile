@@ -1,0 +1,22 @@
+PY ?= python
+
+.PHONY: setup train export test lint bench
+
+setup:
+	bash .ci/setup.sh
+
+train: setup
+	$(PY) train.py
+	$(PY) export.py deploy=int8
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest -q
+
+lint:
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+bench:
+	$(PY) -m bench

@@ -1,0 +1,96 @@
+"""Checkpoints: plain dicts of tensors/numbers/strings, written atomically, loaded weights_only.
+
+Layout (format 1):
+  model, optimizer, scheduler, scaler   state_dicts (scheduler/scaler may be None)
+  state   {epoch, global_step, batch_in_epoch, best_val_acc1, skipped_steps, samples_seen}
+  rng     {torch, cuda, numpy, python}
+  config  the run's resolved config as a YAML string
+  arch    what export/resume need to rebuild the model: {model, num_classes, in_channels,
+          image_size, mean, std, class_names}
+  metrics last validation metrics
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable or does not fit the model."""
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """Write to a temp file in the same dir, fsync, then os.replace: readers never see a
+    partial file under the final name, and a crash leaves the previous file intact."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {path} is unreadable or corrupt ({type(e).__name__}: {e})") from e
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT or "model" not in ckpt:
+        raise CheckpointError(f"checkpoint {path} is not a turbotrain checkpoint (format {FORMAT})")
+    return ckpt
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "python": [list(random.getstate()[1]), random.getstate()[0]],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    internal, version = state["python"]
+    random.setstate((version, tuple(internal), None))
+
+
+def load_model_state(model: torch.nn.Module, state_dict: dict, path: str | Path) -> None:
+    """load_state_dict with a one-line error when the checkpoint is for another architecture."""
+    try:
+        model.load_state_dict(state_dict)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()
+        detail = " ".join(line.strip() for line in first[:3])
+        raise CheckpointError(
+            f"checkpoint {path} does not fit the configured model (different model or num_classes?): {detail}"
+        ) from e

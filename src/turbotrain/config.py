@@ -1,0 +1,230 @@
+"""Config schemas registered in Hydra's ConfigStore.
+
+`conf/train.yaml` starts its defaults list with `train_schema`, so every group
+option is merged onto these dataclasses: a misspelt key or a wrong type fails
+at compose time with Hydra's own message. Values whose allowed set is closed
+(names of options) are checked by `validate`, which names the key and the
+allowed values in one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    root: str | None = None
+    cache_dir: str = "~/.cache/turbotrain"
+    download: bool = True
+    batch_size: int = 128
+    eval_batch_size: int | None = None
+    image_size: int | None = None  # None: the dataset's native size
+    resolution: str = "fixed"
+    augment: list[Any] = field(default_factory=list)
+    mean: list[float] | None = None
+    std: list[float] | None = None
+    # synthetic / digits
+    num_samples: int = 1024
+    num_classes: int = 10
+    channels: int = 3
+    val_fraction: float = 0.2
+    # text (NLP issue)
+    max_length: int = 128
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    pretrained: bool = False
+    width: int = 32  # small_cnn
+    dropout: float = 0.0
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "fp32"
+    init_scale: float = 65536.0
+    growth_interval: int = 2000
+    tf32: bool = False
+
+
+@dataclass
+class AttentionConfig:
+    name: str = "full"
+
+
+@dataclass
+class CompressionConfig:
+    name: str = "none"
+
+
+@dataclass
+class DistributedConfig:
+    name: str = "none"
+    nproc: int = 1
+
+
+@dataclass
+class DeployConfig:
+    name: str = "int8"
+    calibration_batches: int = 32
+    val_batches: int | None = None
+    latency_repeats: int = 30
+    threads: int | None = None
+
+
+@dataclass
+class OptimConfig:
+    name: str = "sgd"
+    lr: float = 0.1
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    nesterov: bool = False
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    alpha: float = 0.99
+
+
+@dataclass
+class SchedConfig:
+    name: str = "none"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    max_lr: float | None = None  # cyclic; defaults to optim.lr
+    base_lr_ratio: float = 0.1  # cyclic: base_lr = lr * ratio
+    cycle_epochs: float = 2.0  # cyclic: one up+down cycle
+    pct_start: float = 0.3  # onecycle
+    step_epochs: int = 1  # step: decay every N epochs
+    gamma: float = 0.1
+
+
+@dataclass
+class LoaderConfig:
+    name: str = "default"
+    num_workers: int = 0
+    pin_memory: bool | None = None  # None: when training on CUDA
+    persistent_workers: bool = True
+    prefetch_factor: int | None = None
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"
+    project: str = "turbotrain"
+    mode: str = "offline"
+    entity: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ProfilerConfig:
+    name: str = "none"
+
+
+@dataclass
+class TrainerConfig:
+    device: str = "auto"
+    max_epochs: int = 3
+    max_steps: int | None = None
+    limit_train_batches: int | None = None
+    limit_val_batches: int | None = None
+    log_every_n_steps: int = 50
+    checkpoint_every_n_steps: int | None = None
+    grad_accum_steps: int = 1
+    accum_bn: str = "none"  # none | freeze
+    accum_bn_warmup_steps: int = 100
+    grad_clip: float | None = None
+    seed: int = 0
+    compile: bool = False
+    channels_last: bool = False
+    resume: str | None = None  # path | auto
+    progress_bar: bool = True
+    threads: int | None = None
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    deploy: DeployConfig = field(default_factory=DeployConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sched: SchedConfig = field(default_factory=SchedConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+@dataclass
+class ExportConfig:
+    deploy: DeployConfig = field(default_factory=DeployConfig)
+    run: str | None = None  # run dir; None: the newest run under outputs_dir
+    outputs_dir: str = "outputs"
+    checkpoint: str = "best"  # best | last
+    device: str = "cpu"
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="export_schema", node=ExportConfig)
+
+
+class ConfigError(ValueError):
+    """A config value is outside what the pipeline supports; the message names the key."""
+
+
+CHOICES = {
+    "data.resolution": ("fixed",),
+    "precision.name": ("fp32", "amp", "bf16", "fp16"),
+    "optim.name": ("sgd", "adam", "adamw", "rmsprop", "adagrad"),
+    "sched.name": ("none", "cosine", "cyclic", "onecycle", "step"),
+    "trainer.accum_bn": ("none", "freeze"),
+    "logger.name": ("none", "wandb"),
+    "logger.mode": ("offline", "online", "disabled"),
+    "attention.name": ("full",),
+    "compression.name": ("none",),
+    "distributed.name": ("none",),
+    "profiler.name": ("none",),
+}
+
+POSITIVE = (
+    "data.batch_size",
+    "optim.lr",
+    "trainer.grad_accum_steps",
+    "trainer.max_epochs",
+    "trainer.log_every_n_steps",
+)
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def validate(cfg: Any) -> None:
+    """Raise ConfigError naming the first key whose value the pipeline cannot use."""
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not supported; allowed: {', '.join(allowed)}")
+    for key in POSITIVE:
+        value = _get(cfg, key)
+        if value is None or value <= 0:
+            raise ConfigError(f"{key}={value!r} must be > 0")
+    for key in ("trainer.max_steps", "trainer.limit_train_batches", "trainer.limit_val_batches"):
+        value = _get(cfg, key)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{key}={value!r} must be > 0 or null")

@@ -1,0 +1,199 @@
+"""Image datasets: fashion_mnist, imagenet (ImageFolder layout), digits, synthetic.
+
+Every builder returns a `DataBundle`; images flow as uint8 tensors through
+torchvision transforms v2 and become normalized float32 only at the end.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+from torchvision import datasets as tvd
+from torchvision import tv_tensors
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms import v2
+
+from turbotrain.config import ConfigError
+from turbotrain.data.augment import build_op, compose, to_float
+
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+FASHION_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+
+@dataclass
+class DataBundle:
+    train: Dataset
+    val: Dataset
+    num_classes: int
+    in_channels: int
+    image_size: int
+    mean: list[float]
+    std: list[float]
+    class_names: list[str] = field(default_factory=list)
+    kind: str = "image"
+
+
+class TensorImageDataset(Dataset):
+    """In-memory uint8 images [N, C, H, W] with a per-sample transform."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Callable):
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.transform(tv_tensors.Image(self.images[i])), int(self.labels[i])
+
+
+def _tensor_pipelines(cfg, native_size: int) -> tuple[v2.Compose, v2.Compose, int]:
+    size = cfg.image_size or native_size
+    resize = [v2.Resize(size, antialias=True)] if size != native_size else []
+    train = compose([*resize, *(build_op(a) for a in cfg.augment), *to_float(cfg.mean, cfg.std)])
+    val = compose([*resize, *to_float(cfg.mean, cfg.std)])
+    return train, val, size
+
+
+def _fashion_raw_dir(cfg) -> Path:
+    """Resolve data.root, else the Debian copy (unpacked into the cache), else a download."""
+    tried = []
+    if cfg.root:
+        raw = Path(os.path.expanduser(cfg.root)) / "FashionMNIST" / "raw"
+        if all((raw / f).exists() for f in FASHION_FILES):
+            return raw.parent.parent
+        tried.append(f"data.root={cfg.root} (no FashionMNIST/raw/*-ubyte files)")
+    cache = Path(os.path.expanduser(cfg.cache_dir)) / "datasets"
+    raw = cache / "FashionMNIST" / "raw"
+    if all((raw / f).exists() for f in FASHION_FILES):
+        return cache
+    if all((DEBIAN_FASHION_MNIST / f"{f}.gz").exists() for f in FASHION_FILES):
+        raw.mkdir(parents=True, exist_ok=True)
+        for f in FASHION_FILES:
+            tmp = raw / f"{f}.tmp{os.getpid()}"
+            with gzip.open(DEBIAN_FASHION_MNIST / f"{f}.gz", "rb") as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.replace(tmp, raw / f)
+        return cache
+    tried.append(f"{DEBIAN_FASHION_MNIST} (apt-get install dataset-fashion-mnist)")
+    if cfg.download:
+        try:
+            tvd.FashionMNIST(str(cache), train=True, download=True)
+            tvd.FashionMNIST(str(cache), train=False, download=True)
+            return cache
+        except Exception as e:  # network errors come in many types
+            tried.append(f"torchvision download into {cache} ({type(e).__name__}: {e})")
+    else:
+        tried.append("download (data.download=false)")
+    raise ConfigError("Fashion-MNIST not found; tried: " + "; ".join(tried))
+
+
+def fashion_mnist(cfg) -> DataBundle:
+    root = str(_fashion_raw_dir(cfg))
+    train_ds = tvd.FashionMNIST(root, train=True, download=False)
+    val_ds = tvd.FashionMNIST(root, train=False, download=False)
+    train_tf, val_tf, size = _tensor_pipelines(cfg, 28)
+    return DataBundle(
+        train=TensorImageDataset(train_ds.data.unsqueeze(1), train_ds.targets, train_tf),
+        val=TensorImageDataset(val_ds.data.unsqueeze(1), val_ds.targets, val_tf),
+        num_classes=10,
+        in_channels=1,
+        image_size=size,
+        mean=list(cfg.mean),
+        std=list(cfg.std),
+        class_names=list(train_ds.classes),
+    )
+
+
+def digits(cfg) -> DataBundle:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    images = torch.from_numpy(d.images * (255.0 / 16.0)).round().to(torch.uint8).unsqueeze(1)
+    labels = torch.from_numpy(d.target).long()
+    g = torch.Generator().manual_seed(1234)  # fixed split, independent of trainer.seed
+    perm = torch.randperm(len(labels), generator=g)
+    n_val = int(len(labels) * cfg.val_fraction)
+    val_idx, train_idx = perm[:n_val], perm[n_val:]
+    train_tf, val_tf, size = _tensor_pipelines(cfg, 8)
+    return DataBundle(
+        train=TensorImageDataset(images[train_idx], labels[train_idx], train_tf),
+        val=TensorImageDataset(images[val_idx], labels[val_idx], val_tf),
+        num_classes=10,
+        in_channels=1,
+        image_size=size,
+        mean=list(cfg.mean),
+        std=list(cfg.std),
+        class_names=[str(i) for i in range(10)],
+    )
+
+
+def synthetic(cfg) -> DataBundle:
+    """Random pixels and labels: only for shapes and speed."""
+    size = cfg.image_size or 32
+    g = torch.Generator().manual_seed(cfg.num_samples)
+    shape = (cfg.num_samples, cfg.channels, size, size)
+    images = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+    labels = torch.randint(0, cfg.num_classes, (cfg.num_samples,), generator=g)
+    mean = list(cfg.mean) * (cfg.channels if len(cfg.mean) == 1 else 1)
+    std = list(cfg.std) * (cfg.channels if len(cfg.std) == 1 else 1)
+    tf = compose(to_float(mean, std))
+    n_val = max(1, cfg.num_samples // 5)
+    return DataBundle(
+        train=TensorImageDataset(images[n_val:], labels[n_val:], tf),
+        val=TensorImageDataset(images[:n_val], labels[:n_val], tf),
+        num_classes=cfg.num_classes,
+        in_channels=cfg.channels,
+        image_size=size,
+        mean=mean,
+        std=std,
+        class_names=[str(i) for i in range(cfg.num_classes)],
+    )
+
+
+def read_rgb(path: str) -> torch.Tensor:
+    """Decode with torchvision.io (libjpeg-turbo) straight to a uint8 CHW tensor."""
+    return tv_tensors.Image(decode_image(path, mode=ImageReadMode.RGB))
+
+
+def imagenet(cfg) -> DataBundle:
+    if not cfg.root or cfg.root == "???":
+        raise ConfigError("data.root is required for data=imagenet (a dir with train/ and val/)")
+    root = Path(os.path.expanduser(cfg.root))
+    for split in ("train", "val"):
+        if not (root / split).is_dir():
+            raise ConfigError(f"data.root={cfg.root}: missing {root / split}/<class>/*.jpg")
+    size = cfg.image_size or 224
+    norm = to_float(cfg.mean, cfg.std)
+    train_tf = compose(
+        [v2.RandomResizedCrop(size, antialias=True), *(build_op(a) for a in cfg.augment), *norm]
+    )
+    val_tf = compose([v2.Resize(int(round(size / 0.875)), antialias=True), v2.CenterCrop(size), *norm])
+    train = tvd.ImageFolder(str(root / "train"), transform=train_tf, loader=read_rgb)
+    val = tvd.ImageFolder(str(root / "val"), transform=val_tf, loader=read_rgb)
+    if train.classes != val.classes:
+        raise ConfigError(f"data.root={cfg.root}: train/ and val/ have different class folders")
+    return DataBundle(
+        train=train,
+        val=val,
+        num_classes=len(train.classes),
+        in_channels=3,
+        image_size=size,
+        mean=list(cfg.mean),
+        std=list(cfg.std),
+        class_names=list(train.classes),
+    )
+
+
+BUILDERS = {"fashion_mnist": fashion_mnist, "imagenet": imagenet, "digits": digits, "synthetic": synthetic}

@@ -1,0 +1,116 @@
+"""Run tracking: metrics.jsonl, summary.json, progress bars, optional wandb.
+
+Only the main rank gets an active Tracker; other ranks get one with
+`enabled=False`, which writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+log = logging.getLogger("turbotrain")
+
+METRIC_KEYS = (
+    "step",
+    "epoch",
+    "split",
+    "loss",
+    "acc1",
+    "acc5",
+    "lr",
+    "samples_per_s",
+    "data_wait_frac",
+    "peak_mem_mb",
+)
+
+
+def peak_mem_mb(device: torch.device) -> float:
+    """CUDA: the caching allocator's peak; CPU: the process's resident-set high-water mark."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf
+    return value
+
+
+class Tracker:
+    def __init__(
+        self, run_dir: Path, *, enabled: bool, logger_cfg, config: dict, progress_bar: bool = True
+    ) -> None:
+        self.run_dir, self.enabled = Path(run_dir), enabled
+        self.progress_bar = progress_bar and enabled
+        self._wandb = None
+        self._file = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (closed in close())
+        if logger_cfg.name == "wandb":
+            import wandb  # imported only when asked for: it adds seconds to start-up
+
+            self._wandb = wandb.init(
+                project=logger_cfg.project,
+                entity=logger_cfg.entity,
+                mode=logger_cfg.mode,
+                dir=str(self.run_dir),
+                config=config,
+                tags=list(logger_cfg.tags),
+                name=self.run_dir.name,
+            )
+
+    def log(self, **event: Any) -> None:
+        if not self.enabled:
+            return
+        event = {k: _clean(v) for k, v in event.items()}
+        event["time"] = round(time.time(), 3)
+        self._file.write(json.dumps(event) + "\n")
+        if self._wandb is not None:
+            split = event.get("split", "train")
+            self._wandb.log(
+                {f"{split}/{k}": v for k, v in event.items() if isinstance(v, int | float)},
+                step=event.get("step"),
+            )
+
+    def bar(self, total: int | None, desc: str) -> tqdm:
+        return tqdm(
+            total=total,
+            desc=desc,
+            disable=not self.progress_bar,
+            dynamic_ncols=True,
+            leave=False,
+            file=sys.stderr,
+        )
+
+    def summary(self, summary: dict) -> None:
+        if not self.enabled:
+            return
+        summary = {k: _clean(v) for k, v in summary.items()}
+        tmp = self.run_dir / ".summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        tmp.replace(self.run_dir / "summary.json")
+        if self._wandb is not None:
+            self._wandb.summary.update({k: v for k, v in summary.items() if isinstance(v, int | float)})
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
