@@ -9,7 +9,7 @@ allowed values in one line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -214,8 +214,21 @@ def _get(cfg: Any, dotted: str) -> Any:
     return node
 
 
+def _check_known_keys(cfg: Any, schema: type) -> None:
+    # Hydra's `+key=value` appends even to structured configs: catch misspelt ones here.
+    for f in fields(schema):
+        section = cfg.get(f.name)
+        if section is None or not hasattr(section, "keys"):
+            continue
+        known = {g.name for g in fields(f.default_factory)}
+        unknown = sorted(set(section.keys()) - known)
+        if unknown:
+            raise ConfigError(f"unknown key {f.name}.{unknown[0]}; known keys: {', '.join(sorted(known))}")
+
+
 def validate(cfg: Any) -> None:
     """Raise ConfigError naming the first key whose value the pipeline cannot use."""
+    _check_known_keys(cfg, TrainConfig)
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         if value not in allowed:

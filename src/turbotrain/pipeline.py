@@ -100,6 +100,7 @@ def train(cfg, run_dir: str | Path) -> float:
     train_model = torch.compile(model) if tc.compile else model
     precision = build_precision(cfg.precision, device)
     sampler = EpochSampler(len(data.train), tc.seed, rank=rank, world_size=world_size)
+    loader_rng = torch.Generator()
     train_loader = build_loader(
         data.train,
         batch_size=cfg.data.batch_size,
@@ -107,6 +108,7 @@ def train(cfg, run_dir: str | Path) -> float:
         loader_cfg=cfg.loader,
         device=device,
         train=True,
+        generator=loader_rng,
     )
     val_loader = build_loader(
         data.val,
@@ -208,6 +210,7 @@ def train(cfg, run_dir: str | Path) -> float:
         if tc.max_steps and state.global_step >= tc.max_steps:
             break
         sampler.set_epoch(state.epoch, start=state.batch_in_epoch * cfg.data.batch_size)
+        loader_rng.manual_seed(tc.seed * 1_000_003 + state.epoch + 1)
         stats = train_one_epoch(
             train_model,
             train_loader,

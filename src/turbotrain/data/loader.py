@@ -56,7 +56,11 @@ def build_loader(
     loader_cfg,
     device: torch.device,
     train: bool,
+    generator: torch.Generator | None = None,
 ) -> DataLoader:
+    """`generator` seeds the workers; a loader without one draws that seed from the global
+    RNG each time it is iterated, which would shift dropout/augmentation randomness
+    between an uninterrupted run and one resumed mid-epoch."""
     workers = int(loader_cfg.num_workers)
     pin = loader_cfg.pin_memory if loader_cfg.pin_memory is not None else device.type == "cuda"
     kwargs = {}
@@ -75,5 +79,6 @@ def build_loader(
         num_workers=workers,
         pin_memory=bool(pin),
         drop_last=train,  # equal micro-batches make gradient-accumulation scaling exact
+        generator=generator if generator is not None else torch.Generator().manual_seed(0),
         **kwargs,
     )

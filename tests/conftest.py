@@ -1,0 +1,71 @@
+"""Shared fixtures: Hydra compose without a run, tiny real datasets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from turbotrain.config import register_configs
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+register_configs()
+
+
+def make_cfg(*overrides: str, config_name: str = "train"):
+    """Compose conf/<config_name>.yaml exactly as the entry point would (no run dir)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def run_cli(script: str, *args: str, cwd: Path | None = None, timeout: int = 600):
+    """Run an entry point in a fresh process; returns CompletedProcess (text)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        cwd=cwd or ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+TINY = (
+    "data=digits",
+    "model=small_cnn",
+    "model.width=8",
+    "trainer.progress_bar=false",
+    "trainer.log_every_n_steps=5",
+)
+
+
+@pytest.fixture(scope="session")
+def jpeg_tree(tmp_path_factory) -> Path:
+    """An ImageNet-layout tree of real JPEGs: crops of scikit-learn's two sample photos
+    (china.jpg, flower.jpg), re-encoded with PIL. Two visually distinct classes."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    root = tmp_path_factory.mktemp("jpeg_tree")
+    photos = load_sample_images()
+    rng = np.random.default_rng(0)
+    for cls, img in zip(("china", "flower"), photos.images):
+        h, w, _ = img.shape
+        for split, n in (("train", 48), ("val", 16)):
+            d = root / split / cls
+            d.mkdir(parents=True)
+            for i in range(n):
+                s = int(rng.integers(96, 200))
+                y, x = int(rng.integers(0, h - s)), int(rng.integers(0, w - s))
+                Image.fromarray(img[y : y + s, x : x + s]).save(d / f"{i:03d}.jpg", quality=90)
+    return root

@@ -1,0 +1,32 @@
+"""The Hydra entry point as a user meets it: --help, --cfg job, clean one-line errors."""
+
+from __future__ import annotations
+
+from conftest import run_cli
+
+
+def test_help_lists_groups():
+    r = run_cli("train.py", "--help")
+    assert r.returncode == 0
+    for group in ("data:", "model:", "precision:", "attention:", "compression:", "distributed:", "deploy:"):
+        assert group in r.stdout
+
+
+def test_cfg_job_prints_config():
+    r = run_cli("train.py", "--cfg", "job", "model=resnet18")
+    assert r.returncode == 0 and "name: resnet18" in r.stdout
+
+
+def test_bad_values_exit_nonzero_with_one_line(tmp_path):
+    r = run_cli("train.py", "optim.lr=-1", f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 2
+    assert "optim.lr=-1.0 must be > 0" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("train.py", "data=imagenet", f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 2 and "data.root is required" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unknown_option_and_key_fail_at_compose(tmp_path):
+    r = run_cli("train.py", "model=resnet19", f"hydra.run.dir={tmp_path}")
+    assert r.returncode != 0 and "resnet19" in r.stderr
+    r = run_cli("train.py", "trainer.max_epoch=1", f"hydra.run.dir={tmp_path}")
+    assert r.returncode != 0 and "max_epoch" in r.stderr

@@ -1,0 +1,131 @@
+"""Gradient accumulation, BN freezing, precision policy, optimizer groups: against references."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from conftest import make_cfg
+from turbotrain.loop import TrainState, train_one_epoch
+from turbotrain.optim import build_optimizer
+from turbotrain.precision import build_precision
+from turbotrain.tracking import Tracker
+
+CPU = torch.device("cpu")
+
+
+def _data(n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 12, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def _run(model, x, y, *, batch_size, accum, tmp_path, overrides=()):
+    cfg = make_cfg("optim=sgd", "optim.weight_decay=0", "precision=fp32", *overrides)
+    cfg.trainer.grad_accum_steps = accum
+    cfg.trainer.log_every_n_steps = 1
+    opt = build_optimizer(model, cfg.optim)
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False)
+    state = TrainState()
+    train_one_epoch(
+        model,
+        loader,
+        opt,
+        None,
+        build_precision(cfg.precision, CPU),
+        state,
+        trainer_cfg=cfg.trainer,
+        device=CPU,
+        tracker=Tracker(tmp_path, enabled=False, logger_cfg=cfg.logger, config={}),
+        batches_in_epoch=len(loader),
+    )
+    return state
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def test_accumulation_equals_large_batch(tmp_path):
+    x, y = _data(32)
+    big, acc = _mlp(), _mlp()
+    _run(big, x, y, batch_size=32, accum=1, tmp_path=tmp_path)
+    state = _run(acc, x, y, batch_size=8, accum=4, tmp_path=tmp_path)
+    assert state.global_step == 1
+    for a, b in zip(big.parameters(), acc.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_short_last_group_is_scaled_by_its_own_length(tmp_path):
+    # 6 micro-batches of 8 with accum 4 -> groups of 4 and 2 == steps on 32 then 16 samples.
+    x, y = _data(48)
+    ref, acc = _mlp(), _mlp()
+    opt = torch.optim.SGD(ref.parameters(), lr=make_cfg("optim=sgd").optim.lr, momentum=0.9, nesterov=True)
+    for lo, hi in ((0, 32), (32, 48)):
+        nn.functional.cross_entropy(ref(x[lo:hi]), y[lo:hi]).backward()
+        opt.step()
+        opt.zero_grad()
+    state = _run(acc, x, y, batch_size=8, accum=4, tmp_path=tmp_path)
+    assert state.global_step == 2
+    for a, b in zip(ref.parameters(), acc.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_accum_bn_freeze_stops_running_stats_after_warmup(tmp_path):
+    x, y = _data(64)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    bn = model[1]
+    overrides = ("trainer.accum_bn=freeze", "trainer.accum_bn_warmup_steps=1")
+    frozen_at = {}
+    orig_forward = bn.forward
+
+    def spy(inp):
+        frozen_at.setdefault(bn.training, bn.running_mean.clone())
+        return orig_forward(inp)
+
+    bn.forward = spy
+    _run(model, x, y, batch_size=8, accum=2, tmp_path=tmp_path, overrides=overrides)
+    assert True in frozen_at and False in frozen_at  # trained, then frozen
+    torch.testing.assert_close(bn.running_mean, frozen_at[False])
+
+
+def test_unfrozen_bn_keeps_updating(tmp_path):
+    x, y = _data(64)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    before = copy.deepcopy(model[1].running_mean)
+    _run(model, x, y, batch_size=8, accum=2, tmp_path=tmp_path)
+    assert not torch.equal(before, model[1].running_mean)
+
+
+def test_precision_policy_on_cpu():
+    amp = build_precision(make_cfg("precision=amp").precision, CPU)
+    assert amp.dtype is torch.bfloat16 and amp.scaler is None
+    fp16 = build_precision(make_cfg("precision=fp16").precision, CPU)
+    assert fp16.dtype is torch.float16 and fp16.scaler is not None
+    assert fp16.scaler.get_scale() == 65536.0
+    fp32 = build_precision(make_cfg("precision=fp32").precision, CPU)
+    assert fp32.dtype is None and fp32.scaler is None
+    with amp.autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype is torch.bfloat16
+
+
+def test_fp16_scaler_skips_steps_on_inf_grads(tmp_path):
+    x, y = _data(32)
+    model = _mlp()
+    x[0, 0] = float("inf")  # first batch makes inf gradients
+    state = _run(model, x, y, batch_size=8, accum=1, tmp_path=tmp_path, overrides=("precision=fp16",))
+    assert state.skipped_steps >= 1 and state.global_step == 4
+
+
+def test_no_weight_decay_on_norm_and_bias():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 2))
+    opt = build_optimizer(model, make_cfg("optim=adamw").optim)
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] > 0 and no_decay["weight_decay"] == 0
+    assert {p.ndim for p in decay["params"]} == {2, 4}
+    assert {p.ndim for p in no_decay["params"]} == {1}

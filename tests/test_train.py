@@ -1,0 +1,131 @@
+"""End-to-end training on real data (digits, Fashion-MNIST, a real-JPEG tree) and exact resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY, make_cfg, run_cli
+from turbotrain import checkpoint as ckpt_io
+from turbotrain.checkpoint import load
+from turbotrain.pipeline import train
+from turbotrain.tracking import METRIC_KEYS
+
+
+def test_digits_learns_and_writes_contracts(tmp_path):
+    best = train(make_cfg(*TINY, "trainer.max_epochs=3"), tmp_path)
+    assert best > 0.6  # chance is 0.1
+    events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {e["split"] for e in events} == {"train", "val"}
+    for e in events:
+        assert set(METRIC_KEYS) - {"acc5"} <= set(e)
+    assert all("acc5" in e for e in events if e["split"] == "val")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["best_val_acc1"] == best
+    for key in ("train_time_s", "samples_per_s", "params", "flops", "peak_mem_mb", "data_wait_frac"):
+        assert summary[key] > 0, key
+    for name in ("best", "last"):
+        ckpt = load(tmp_path / "checkpoints" / f"{name}.pt")  # weights_only=True inside
+        assert ckpt["arch"]["num_classes"] == 10 and "trainer:" in ckpt["config"]
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.suffix != ".pt"]
+
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupt_after_save(monkeypatch, when):
+    """Simulate a kill right after a checkpoint for which `when(ckpt)` holds was written."""
+    real_save = ckpt_io.atomic_save
+
+    def save(obj, path):
+        real_save(obj, path)
+        if when(obj):
+            raise Interrupted
+
+    monkeypatch.setattr(ckpt_io, "atomic_save", save)
+
+
+def assert_same_run(a_dir, b_dir):
+    a = load(a_dir / "checkpoints" / "last.pt")
+    b = load(b_dir / "checkpoints" / "last.pt")
+    assert a["metrics"] == b["metrics"]
+    assert a["state"]["global_step"] == b["state"]["global_step"]
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+
+
+def test_resume_after_epoch_equals_uninterrupted(tmp_path, monkeypatch):
+    cfg = make_cfg(*TINY, "trainer.max_epochs=2")
+    train(cfg, tmp_path / "full")
+    with monkeypatch.context() as m:
+        interrupt_after_save(m, lambda c: c["state"]["epoch"] == 1)
+        with pytest.raises(Interrupted):
+            train(cfg, tmp_path / "split")
+    train(make_cfg(*TINY, "trainer.max_epochs=2", "trainer.resume=auto"), tmp_path / "split")
+    assert_same_run(tmp_path / "full", tmp_path / "split")
+
+
+def test_resume_mid_epoch_from_step_checkpoint(tmp_path, monkeypatch):
+    common = (*TINY, "trainer.max_epochs=2", "trainer.checkpoint_every_n_steps=5")
+    train(make_cfg(*common), tmp_path / "full")
+    with monkeypatch.context() as m:
+        interrupt_after_save(m, lambda c: c["state"]["global_step"] == 30)
+        with pytest.raises(Interrupted):
+            train(make_cfg(*common), tmp_path / "split")
+    assert load(tmp_path / "split" / "checkpoints" / "last.pt")["state"]["batch_in_epoch"] == 8
+    train(make_cfg(*common, "trainer.resume=auto"), tmp_path / "split")
+    assert_same_run(tmp_path / "full", tmp_path / "split")
+
+
+def test_fashion_mnist_short_run_beats_chance(tmp_path):
+    cfg = make_cfg(
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=120",
+        "trainer.limit_val_batches=10",
+        "trainer.progress_bar=false",
+    )
+    assert train(cfg, tmp_path) > 0.6  # chance is 0.1
+
+
+def test_imagenet_tree_of_real_jpegs_learns(jpeg_tree, tmp_path):
+    cfg = make_cfg(
+        "data=imagenet",
+        f"data.root={jpeg_tree}",
+        "data.image_size=64",
+        "data.batch_size=16",
+        "model=small_cnn",
+        "trainer.max_epochs=6",
+        "trainer.progress_bar=false",
+        "sched.warmup_steps=5",
+        "optim.lr=0.05",
+    )
+    assert train(cfg, tmp_path) >= 0.75  # 2 classes: chance is 0.5
+
+
+def test_cli_imagenet_resnet18_one_epoch(jpeg_tree, tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli(
+        "train.py",
+        "data=imagenet",
+        f"data.root={jpeg_tree}",
+        "model=resnet18",
+        "trainer.max_epochs=1",
+        "data.image_size=64",
+        "trainer.progress_bar=false",
+        f"hydra.run.dir={run_dir}",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 1
+    assert (run_dir / "checkpoints" / "best.pt").is_file()
+    assert (run_dir / "train.log").is_file()
+
+
+@pytest.mark.parametrize("sched", ["cosine", "cyclic", "onecycle", "step"])
+def test_scheduler_state_survives_weights_only_checkpoint(sched, tmp_path):
+    cfg = make_cfg(*TINY, f"sched={sched}", "trainer.max_epochs=1", "trainer.limit_train_batches=4")
+    train(cfg, tmp_path)
+    assert load(tmp_path / "checkpoints" / "last.pt")["scheduler"] is not None
