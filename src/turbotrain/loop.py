@@ -72,8 +72,9 @@ def evaluate(
 ) -> dict:
     """Loss/top-1/top-5 over the loader. `reduce` (e.g. an all_reduce) sums the totals
     across processes before they become means."""
-    was_training = model.training
-    model.eval()
+    was_training = getattr(model, "training", False)  # frozen TorchScript modules have no flag
+    if was_training:
+        model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, correct1, correct5, n
     for i, batch in enumerate(loader):
         if max_batches is not None and i >= max_batches:
@@ -86,7 +87,8 @@ def evaluate(
         sums += torch.stack([loss.double(), c1.double(), c5.double(), sums.new_tensor(len(target))])
     if reduce is not None:
         sums = reduce(sums)
-    model.train(was_training)
+    if was_training:
+        model.train()
     n = max(sums[3].item(), 1.0)
     return {
         "loss": sums[0].item() / n,

@@ -1,0 +1,1 @@
+"""Deploy stage: quantize, script, verify and report a trained run (see export.py)."""

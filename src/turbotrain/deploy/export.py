@@ -1,0 +1,152 @@
+"""export(cfg): newest run (or cfg.run) -> <run>/export/<deploy>/model.pt + report.json + README.txt."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
+
+from turbotrain import checkpoint as ckpt_io
+from turbotrain.config import ConfigError
+from turbotrain.data import build_data
+from turbotrain.deploy import report as report_io
+from turbotrain.deploy.quantize import BACKEND, quantize_linear_dynamic, quantize_static
+from turbotrain.deploy.script import interleaved_latency_ms, script, size_mb
+from turbotrain.models import build_model
+
+log = logging.getLogger("turbotrain")
+DEPLOYS = ("int8", "int8_dynamic", "fp32")
+
+
+@contextlib.contextmanager
+def quiet_deprecations():
+    """torch 2.14 marks TorchScript and torch.ao.quantization deprecated on every call;
+    say it once instead of flooding the console."""
+    log.info(
+        "note: TorchScript and torch.ao.quantization are deprecated in torch %s (successor: torch.export"
+        " + PT2E/torchao + AOTInductor). turbotrain still uses them because the artifact must load with"
+        " torch.jit.load alone; their warnings are silenced here.",
+        torch.__version__.split("+")[0],
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        for pattern in ("(?s).*deprecated.*", "(?s).*reduce_range.*", "(?s).*TorchScript type system.*"):
+            warnings.filterwarnings("ignore", message=pattern)
+        yield
+
+
+def find_run(run: str | None, outputs_dir: str, checkpoint: str) -> Path:
+    name = f"{checkpoint}.pt"
+    if run:
+        run_dir = Path(run).expanduser()
+        if not run_dir.is_dir():
+            raise ConfigError(f"run={run}: no such run dir")
+        if not (run_dir / "checkpoints" / name).is_file():
+            raise ConfigError(f"run={run}: no checkpoints/{name} in it (did training finish an epoch?)")
+        return run_dir
+    found = sorted(Path(outputs_dir).glob(f"**/checkpoints/{name}"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise ConfigError(
+            f"no run with checkpoints/{name} under {outputs_dir}/: train first (python train.py) "
+            "or pass run=<run dir>"
+        )
+    return found[-1].parent.parent
+
+
+def _loader(dataset, batch_size: int, shuffle: bool) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=g)
+
+
+def _candidates(deploy: str, kind: str) -> list[tuple[str, bool]]:
+    """(method, freeze) pairs to time; transformers only trace (their forward is not scriptable)."""
+    if kind == "text":
+        return [("trace", True), ("trace", False)]
+    return [("script", True), ("script", False), ("trace", True)]
+
+
+def _fastest_torchscript(target, example: torch.Tensor, deploy_cfg, kind: str):
+    """Convert with each candidate method, time them at batch 1, keep the fastest."""
+    modules = {
+        f"{method}{'+freeze' if freeze else ''}": script(target, example, method=method, freeze=freeze)
+        for method, freeze in _candidates(deploy_cfg.name, kind)
+    }
+    timed = interleaved_latency_ms(modules, example, repeats=deploy_cfg.latency_repeats)
+    best = min(timed, key=timed.get)
+    log.info("TorchScript candidates at batch 1 (ms): %s -> %s", timed, best)
+    return best, timed, modules[best]
+
+
+def export(cfg) -> Path:
+    if cfg.deploy.name not in DEPLOYS:
+        raise ConfigError(f"deploy.name={cfg.deploy.name!r} is not supported; allowed: {', '.join(DEPLOYS)}")
+    run_dir = find_run(cfg.run, cfg.outputs_dir, cfg.checkpoint)
+    ckpt_path = run_dir / "checkpoints" / f"{cfg.checkpoint}.pt"
+    ckpt = ckpt_io.load(ckpt_path)
+    arch, train_cfg = ckpt["arch"], OmegaConf.create(ckpt["config"])
+    threads = cfg.deploy.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    model = build_model(OmegaConf.create(arch["model"]), arch["num_classes"], arch["in_channels"])
+    ckpt_io.load_model_state(model, ckpt["model"], ckpt_path)
+    model.eval()
+    data = build_data(train_cfg.data)
+    calibration_set = copy.copy(data.train)
+    calibration_set.transform = data.val.transform  # training images, eval transforms
+    val_loader = _loader(data.val, 32, shuffle=False)
+    example = next(iter(val_loader))[0]
+    export_dir = run_dir / "export" / cfg.deploy.name
+    with quiet_deprecations():
+        if cfg.deploy.name == "fp32":
+            target, dtype = model, "float32"
+        elif cfg.deploy.name == "int8" and arch["kind"] == "image":
+            calib = _loader(calibration_set, 32, shuffle=True)
+            target = quantize_static(copy.deepcopy(model), calib, cfg.deploy.calibration_batches, example)
+            dtype = "int8 (static, per-channel weights)"
+        else:  # int8_dynamic, and int8 for text models
+            target, dtype = quantize_linear_dynamic(copy.deepcopy(model)), "int8 (dynamic, Linear layers)"
+        best, timed, module = _fastest_torchscript(target, example[:1], cfg.deploy, arch["kind"])
+        export_dir.mkdir(parents=True, exist_ok=True)
+        tmp = export_dir / f".model.pt.tmp{os.getpid()}"
+        torch.jit.save(module, str(tmp))
+        os.replace(tmp, export_dir / "model.pt")
+        fp32_size = size_mb(
+            module if cfg.deploy.name == "fp32" else script(model, example[:1], method="script", freeze=False)
+        )
+        checks = report_io.verify(export_dir / "model.pt", model, val_loader, example, cfg.deploy)
+    report = {
+        "deploy": cfg.deploy.name,
+        "format": "torchscript",
+        "method": best,
+        "candidates_ms": timed,
+        "dtype": dtype,
+        "size_mb": (export_dir / "model.pt").stat().st_size / 2**20,
+        "fp32_size_mb": fp32_size,
+        **checks,
+        "threads": threads,
+        "input": report_io.input_spec(arch),
+        "torch": torch.__version__,
+        "quantized_engine": BACKEND,
+        "run": str(run_dir),
+        "checkpoint": str(ckpt_path),
+    }
+    report_io.write(export_dir, report)
+    log.info(
+        "%s: %.2f MB (fp32 %.2f MB), %.3f ms vs fp32 eager %.3f ms at batch 1, top-1 %.4f (fp32 %.4f) -> %s",
+        cfg.deploy.name,
+        report["size_mb"],
+        report["fp32_size_mb"],
+        report["latency_ms"],
+        report["fp32_latency_ms"],
+        report["val_acc1"],
+        report["fp32_val_acc1"],
+        export_dir,
+    )
+    return export_dir

@@ -1,0 +1,106 @@
+"""Verification figures of an exported artifact and the files that describe it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from turbotrain.deploy.quantize import BACKEND
+from turbotrain.deploy.script import interleaved_latency_ms
+from turbotrain.loop import evaluate
+from turbotrain.precision import Precision
+
+CPU = torch.device("cpu")
+FP32 = Precision("fp32", "cpu", None, None)
+
+
+def logits_agreement(artifact, reference: torch.nn.Module, batch: torch.Tensor) -> dict:
+    with torch.no_grad():
+        a, r = artifact(batch), reference(batch)
+    return {
+        "max_abs_diff": (a - r).abs().max().item(),
+        "argmax_agreement": (a.argmax(-1) == r.argmax(-1)).float().mean().item(),
+        "batch": len(batch),
+    }
+
+
+def verify(path: Path, model: torch.nn.Module, val_loader, example: torch.Tensor, deploy_cfg) -> dict:
+    """Accuracy, logit agreement and latency of the artifact as loaded from disk, beside the
+    float eager model on the same inputs."""
+    artifact = torch.jit.load(str(path))
+    acc = evaluate(artifact, val_loader, device=CPU, precision=FP32, max_batches=deploy_cfg.val_batches)
+    ref = evaluate(model, val_loader, device=CPU, precision=FP32, max_batches=deploy_cfg.val_batches)
+    figures = {
+        "val_acc1": acc["acc1"],
+        "fp32_val_acc1": ref["acc1"],
+        "val_samples": acc["samples"],
+        **logits_agreement(artifact, model, example),
+    }
+    for suffix, batch, repeats in (("", example[:1], deploy_cfg.latency_repeats), ("_b32", example, 10)):
+        # A fresh load per batch size: TorchScript's profiling executor specializes on the
+        # shapes it has seen, and a deployed model usually serves one batch size.
+        fresh = torch.jit.load(str(path))
+        ms = interleaved_latency_ms({"fp32": model, "artifact": fresh}, batch, repeats=repeats)
+        figures[f"latency_ms{suffix}"] = ms["artifact"]
+        figures[f"fp32_latency_ms{suffix}"] = ms["fp32"]
+    return figures
+
+
+def input_spec(arch: dict) -> dict:
+    c, s = arch["in_channels"], arch["image_size"]
+    return {
+        "shape": ["N", c, s, s],
+        "dtype": "float32",
+        "layout": "NCHW",
+        "preprocessing": (
+            f"uint8 pixels / 255, then (x - mean) / std per channel; resize to {s}x{s} "
+            "(center crop for photos) as in training's eval transforms"
+        ),
+        "mean": arch["mean"],
+        "std": arch["std"],
+        "labels": arch["class_names"],
+        "output": f"logits [N, {arch['num_classes']}]",
+    }
+
+
+def _figures(r: dict) -> str:
+    return "\n".join(
+        [
+            f"Validation top-1: {r['val_acc1']:.4f} (float model: {r['fp32_val_acc1']:.4f}),"
+            f" {r['val_samples']} samples.",
+            f"Size: {r['size_mb']:.2f} MB (fp32: {r['fp32_size_mb']:.2f} MB).",
+            f"Latency, batch 1: {r['latency_ms']:.3f} ms (fp32 eager: {r['fp32_latency_ms']:.3f} ms),"
+            f" {r['threads']} threads.",
+        ]
+    )
+
+
+def write(export_dir: Path, report: dict) -> None:
+    export_dir.mkdir(parents=True, exist_ok=True)
+    tmp = export_dir / ".report.json.tmp"
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, export_dir / "report.json")
+    spec = report["input"]
+    (export_dir / "README.txt").write_text(
+        f"""turbotrain export: {report["deploy"]} ({report["format"]}, {report["dtype"]})
+Run: {report["run"]}
+
+Load it with torch alone (torch {report["torch"]}, quantized engine {BACKEND}):
+
+    import torch
+    torch.backends.quantized.engine = "{BACKEND}"   # for INT8 models
+    model = torch.jit.load("model.pt")
+    logits = model(images)                          # images: {spec["shape"]} {spec["dtype"]}
+
+Input: {spec["layout"]} {spec["dtype"]}, {spec["preprocessing"]}.
+mean = {spec["mean"]}
+std  = {spec["std"]}
+Output: {spec["output"]}; label names in index order:
+{json.dumps(spec["labels"])}
+
+{_figures(report)}
+"""
+    )

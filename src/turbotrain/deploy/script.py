@@ -1,0 +1,60 @@
+"""TorchScript conversion and latency measurement.
+
+Scripting keeps the quantized kernels fast (we measured tracing of quantized CNNs
+as much slower); `export.py` still times every candidate and keeps the fastest.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+def script(model: nn.Module, example: torch.Tensor, *, method: str, freeze: bool) -> torch.jit.ScriptModule:
+    model.eval()
+    with torch.no_grad():
+        module = torch.jit.script(model) if method == "script" else torch.jit.trace(model, example)
+        if freeze:
+            module = torch.jit.freeze(module)
+    return module
+
+
+def size_mb(module: torch.jit.ScriptModule) -> float:
+    buf = io.BytesIO()
+    torch.jit.save(module, buf)
+    return buf.tell() / 2**20
+
+
+@torch.no_grad()
+def interleaved_latency_ms(
+    fns: dict[str, Callable[[torch.Tensor], torch.Tensor]],
+    example: torch.Tensor,
+    *,
+    repeats: int,
+    warmup: int = 5,
+    block_s: float = 0.005,
+) -> dict[str, float]:
+    """Median ms per call of each fn. Candidates alternate block by block (A, B, A, B...)
+    so drifts of a shared machine hit them alike; a block repeats one fn for ~block_s,
+    because alternating single sub-millisecond calls measures cache thrash, not the model."""
+    inner = {}
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        for _ in range(warmup):
+            fn(example)
+        per_call = (time.perf_counter() - t0) / warmup
+        inner[name] = max(1, min(100, math.ceil(block_s / max(per_call, 1e-6))))
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(inner[name]):
+                fn(example)
+            times[name].append((time.perf_counter() - t0) / inner[name])
+    return {name: 1000 * statistics.median(ts) for name, ts in times.items()}
