@@ -50,9 +50,7 @@ def _clean(value: Any) -> Any:
 
 
 class Tracker:
-    def __init__(
-        self, run_dir: Path, *, enabled: bool, logger_cfg, config: dict, progress_bar: bool = True
-    ) -> None:
+    def __init__(self, run_dir: Path, *, enabled: bool, logger_cfg, config: dict, progress_bar: bool = True) -> None:
         self.run_dir, self.enabled = Path(run_dir), enabled
         self.progress_bar = progress_bar and enabled
         self._wandb = None

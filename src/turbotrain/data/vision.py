@@ -176,9 +176,7 @@ def imagenet(cfg) -> DataBundle:
             raise ConfigError(f"data.root={cfg.root}: missing {root / split}/<class>/*.jpg")
     size = cfg.image_size or 224
     norm = to_float(cfg.mean, cfg.std)
-    train_tf = compose(
-        [v2.RandomResizedCrop(size, antialias=True), *(build_op(a) for a in cfg.augment), *norm]
-    )
+    train_tf = compose([v2.RandomResizedCrop(size, antialias=True), *(build_op(a) for a in cfg.augment), *norm])
     val_tf = compose([v2.Resize(int(round(size / 0.875)), antialias=True), v2.CenterCrop(size), *norm])
     train = tvd.ImageFolder(str(root / "train"), transform=train_tf, loader=read_rgb)
     val = tvd.ImageFolder(str(root / "val"), transform=val_tf, loader=read_rgb)

@@ -55,8 +55,7 @@ def find_run(run: str | None, outputs_dir: str, checkpoint: str) -> Path:
     found = sorted(Path(outputs_dir).glob(f"**/checkpoints/{name}"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise ConfigError(
-            f"no run with checkpoints/{name} under {outputs_dir}/: train first (python train.py) "
-            "or pass run=<run dir>"
+            f"no run with checkpoints/{name} under {outputs_dir}/: train first (python train.py) or pass run=<run dir>"
         )
     return found[-1].parent.parent
 

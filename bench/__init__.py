@@ -1,0 +1,1 @@
+"""Benchmarks: interleaved A/B comparisons written to bench/results/ and README.md."""
