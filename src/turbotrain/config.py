@@ -43,7 +43,7 @@ class ModelConfig:
     name: str = MISSING
     pretrained: bool = False
     width: int = 32  # small_cnn
-    dropout: float = 0.0
+    dropout: float | None = None  # None: the architecture's default
 
 
 @dataclass
@@ -67,7 +67,10 @@ class CompressionConfig:
 @dataclass
 class DistributedConfig:
     name: str = "none"
-    nproc: int = 1
+    nproc: int = 1  # workers this process launches (ignored under torchrun)
+    backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    timeout_s: int = 1800  # a collective waiting longer than this fails the run
+    sync_bn: bool = False
 
 
 @dataclass
@@ -194,7 +197,8 @@ CHOICES = {
     "logger.mode": ("offline", "online", "disabled"),
     "attention.name": ("full",),
     "compression.name": ("none",),
-    "distributed.name": ("none",),
+    "distributed.name": ("none", "ddp"),
+    "distributed.backend": ("auto", "nccl", "gloo"),
     "profiler.name": ("none",),
 }
 
@@ -204,6 +208,8 @@ POSITIVE = (
     "trainer.grad_accum_steps",
     "trainer.max_epochs",
     "trainer.log_every_n_steps",
+    "distributed.nproc",
+    "distributed.timeout_s",
 )
 
 

@@ -6,8 +6,9 @@ import sys
 
 from turbotrain.checkpoint import CheckpointError
 from turbotrain.config import ConfigError
+from turbotrain.distributed import LaunchError
 
-USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError)
+USER_ERRORS = (ConfigError, CheckpointError, LaunchError, FileNotFoundError)
 
 
 def report(error: BaseException) -> None:

@@ -132,6 +132,7 @@ def train_one_epoch(
     tracker: Tracker,
     batches_in_epoch: int,
     on_step: Callable[[TrainState], None] | None = None,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict:
     """One pass over `loader`, which starts at micro-batch `state.batch_in_epoch` of an
     epoch of `batches_in_epoch` micro-batches. Accumulation groups are fixed by position
@@ -184,7 +185,8 @@ def train_one_epoch(
             state.skipped_steps += 1
         state.global_step += 1
         if state.global_step % trainer_cfg.log_every_n_steps == 0:
-            loss_sum, correct, count = interval.tolist()
+            # every rank reaches this step together: summing across ranks here cannot deadlock
+            loss_sum, correct, count = (reduce(interval) if reduce else interval).tolist()
             elapsed = time.perf_counter() - t_interval
             event = {
                 "step": state.global_step,
@@ -214,4 +216,5 @@ def train_one_epoch(
         "time_s": elapsed,
         "samples_per_s": epoch_samples / max(elapsed, 1e-9),
         "data_wait_frac": epoch_wait / max(elapsed, 1e-9),
+        "wait_s": epoch_wait,
     }

@@ -2,26 +2,30 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from omegaconf import OmegaConf
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.flop_counter import FlopCounterMode
 
 from turbotrain import checkpoint as ckpt_io
+from turbotrain import distributed as dist
 from turbotrain.config import ConfigError, validate
-from turbotrain.data import build_data
+from turbotrain.data import DataBundle, build_data
 from turbotrain.data.loader import EpochSampler, build_loader
 from turbotrain.loop import TrainState, evaluate, train_one_epoch
 from turbotrain.models import build_model
 from turbotrain.optim import build_optimizer
-from turbotrain.precision import build_precision
+from turbotrain.precision import Precision, build_precision
 from turbotrain.sched import build_scheduler
 from turbotrain.tracking import Tracker, peak_mem_mb
 
@@ -75,177 +79,206 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     return Path(resume).expanduser()
 
 
-def train(cfg, run_dir: str | Path) -> float:
-    """Run training as configured; returns the best validation top-1 (for sweepers)."""
-    validate(cfg)
-    run_dir = Path(run_dir)
+@dataclass
+class Parts:
+    data: DataBundle
+    model: nn.Module  # the plain model (checkpoints, FLOPs)
+    train_model: nn.Module  # what runs the steps: possibly compiled and DDP-wrapped
+    precision: Precision
+    sampler: EpochSampler
+    loader_rng: torch.Generator
+    train_loader: torch.utils.data.DataLoader
+    val_loader: torch.utils.data.DataLoader
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    batches_in_epoch: int
+    params: int
+    flops: int | None
+
+
+def build(cfg, info: dist.DistInfo, device: torch.device) -> Parts:
+    """Steps 2-4: data, model (+ surgery), device placement, optimizer and scheduler."""
     tc = cfg.trainer
-    # 1. seed, distributed, device
-    seed_everything(tc.seed)
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
-    device = pick_device(tc.device)
-    rank, world_size = 0, 1
-    is_main = rank == 0
-    # 2. data
     data = build_data(cfg.data)
-    # 3. model (+ surgery, once those groups have options beyond none/full)
     model = build_model(cfg.model, data.num_classes, data.in_channels)
     params = sum(p.numel() for p in model.parameters())
     flops = count_flops(model, data.val[0][0])
-    # 4. device, memory format, compile, optimizer, scheduler
+    if info.enabled:
+        torch.manual_seed(tc.seed + info.rank)  # same init everywhere, own dropout/augment stream per rank
     model.to(device)
     if tc.channels_last:
         model.to(memory_format=torch.channels_last)
     train_model = torch.compile(model) if tc.compile else model
-    precision = build_precision(cfg.precision, device)
-    sampler = EpochSampler(len(data.train), tc.seed, rank=rank, world_size=world_size)
+    if info.enabled:
+        if cfg.distributed.sync_bn:
+            if device.type != "cuda":
+                raise ConfigError("distributed.sync_bn=true needs CUDA (torch's SyncBatchNorm has no CPU kernel)")
+            train_model = nn.SyncBatchNorm.convert_sync_batchnorm(train_model)
+        train_model = DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
+    sampler = EpochSampler(len(data.train), tc.seed, rank=info.rank, world_size=info.world_size)
     loader_rng = torch.Generator()
+    common = {"loader_cfg": cfg.loader, "device": device}
     train_loader = build_loader(
-        data.train,
-        batch_size=cfg.data.batch_size,
-        sampler=sampler,
-        loader_cfg=cfg.loader,
-        device=device,
-        train=True,
-        generator=loader_rng,
+        data.train, batch_size=cfg.data.batch_size, sampler=sampler, train=True, generator=loader_rng, **common
     )
-    val_loader = build_loader(
-        data.val,
-        batch_size=cfg.data.eval_batch_size or 2 * cfg.data.batch_size,
-        sampler=None,
-        loader_cfg=cfg.loader,
-        device=device,
-        train=False,
-    )
+    val_sampler = EpochSampler(len(data.val), 0, shuffle=False, rank=info.rank, world_size=info.world_size, pad=False)
+    val_bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
+    val_loader = build_loader(data.val, batch_size=val_bs, sampler=val_sampler, train=False, **common)
     full_batches = len(sampler) // cfg.data.batch_size
     if full_batches == 0:
         raise ConfigError(
-            f"data.batch_size={cfg.data.batch_size} is larger than the training set "
-            f"({len(data.train)} samples): lower it"
+            f"data.batch_size={cfg.data.batch_size} is larger than this rank's share of the training set "
+            f"({len(sampler)} samples): lower it"
         )
     batches_in_epoch = min(full_batches, tc.limit_train_batches or full_batches)
     steps_per_epoch = math.ceil(batches_in_epoch / tc.grad_accum_steps)
-    total_steps = tc.max_epochs * steps_per_epoch
-    if tc.max_steps:
-        total_steps = min(total_steps, tc.max_steps)
+    total_steps = min(tc.max_epochs * steps_per_epoch, tc.max_steps or math.inf)
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(
         optimizer, cfg.sched, cfg.optim, total_steps=total_steps, steps_per_epoch=steps_per_epoch
     )
-    state = TrainState()
-    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    arch = {
-        "kind": data.kind,
-        "model": OmegaConf.to_container(cfg.model, resolve=True),
-        "num_classes": data.num_classes,
-        "in_channels": data.in_channels,
-        "image_size": data.image_size,
-        "mean": data.mean,
-        "std": data.std,
-        "class_names": data.class_names,
-    }
+    return Parts(
+        data,
+        model,
+        train_model,
+        build_precision(cfg.precision, device),
+        sampler,
+        loader_rng,
+        train_loader,
+        val_loader,
+        optimizer,
+        scheduler,
+        batches_in_epoch,
+        params,
+        flops,
+    )
+
+
+def train(cfg, run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> float:
+    """Run training as configured; returns the best validation top-1 (for sweepers).
+    `overrides` are the command line's, handed to DDP workers when this process launches them."""
+    validate(cfg)
+    run_dir = Path(run_dir)
+    if cfg.distributed.name == "ddp" and not dist.in_worker_env():
+        dist.launch(cfg.distributed.nproc, run_dir, list(overrides), cfg.distributed.timeout_s)
+        return json.loads((run_dir / "summary.json").read_text())["best_val_acc1"]
+    seed_everything(cfg.trainer.seed)
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    info, device = dist.setup(cfg.distributed, cfg.trainer.device)
+    try:
+        return _fit(cfg, run_dir, info, device)
+    finally:
+        dist.teardown(info)
+
+
+def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device) -> float:
+    tc = cfg.trainer
+    p = build(cfg, info, device)
+    reduce = dist.all_reduce_sum if info.enabled else None
+    state, rng = TrainState(), None
     resume_path = resolve_resume(tc.resume, run_dir)
-    rng = None
     if resume_path is not None:
-        ckpt = ckpt_io.load(resume_path)
-        ckpt_io.load_model_state(model, ckpt["model"], resume_path)
-        optimizer.load_state_dict(ckpt["optimizer"])
-        if scheduler is not None and ckpt["scheduler"] is not None:
-            scheduler.load_state_dict(ckpt["scheduler"])
-        if precision.scaler is not None and ckpt["scaler"] is not None:
-            precision.scaler.load_state_dict(ckpt["scaler"])
-        state = TrainState(**ckpt["state"])
-        rng = ckpt["rng"]
+        ckpt = ckpt_io.restore(
+            resume_path, model=p.model, optimizer=p.optimizer, scheduler=p.scheduler, scaler=p.precision.scaler
+        )
+        state, rng = TrainState(**ckpt["state"]), ckpt["rng"]
         log.info("resumed from %s at epoch %d, step %d", resume_path, state.epoch, state.global_step)
     tracker = Tracker(
         run_dir,
-        enabled=is_main,
+        enabled=info.is_main,
         logger_cfg=cfg.logger,
         config=OmegaConf.to_container(cfg, resolve=True),
         progress_bar=tc.progress_bar,
     )
-    ckpt_dir = run_dir / "checkpoints"
+    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    d = p.data
+    arch = {
+        "kind": d.kind,
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "num_classes": d.num_classes,
+        "in_channels": d.in_channels,
+        "image_size": d.image_size,
+        "mean": d.mean,
+        "std": d.std,
+        "class_names": d.class_names,
+    }
     metrics: dict = {}
 
     def save(name: str) -> None:
-        if not is_main:
-            return
-        ckpt_io.atomic_save(
-            {
-                "format": ckpt_io.FORMAT,
-                "model": unwrap(model).state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "scaler": precision.scaler.state_dict() if precision.scaler is not None else None,
-                "state": state.as_dict(),
-                "rng": ckpt_io.rng_state(),
-                "config": config_yaml,
-                "arch": arch,
-                "metrics": metrics,
-            },
-            ckpt_dir / f"{name}.pt",
-        )
+        if info.is_main:
+            ckpt_io.atomic_save(
+                ckpt_io.payload(
+                    model=p.model,
+                    optimizer=p.optimizer,
+                    scheduler=p.scheduler,
+                    scaler=p.precision.scaler,
+                    state=state.as_dict(),
+                    config_yaml=config_yaml,
+                    arch=arch,
+                    metrics=metrics,
+                ),
+                run_dir / "checkpoints" / f"{name}.pt",
+            )
 
     def on_step(s: TrainState) -> None:
-        every = tc.checkpoint_every_n_steps
-        if every and s.global_step % every == 0:
+        if tc.checkpoint_every_n_steps and s.global_step % tc.checkpoint_every_n_steps == 0:
             save("last")
 
     log.info(
-        "model %s: %.2fM params, %s FLOPs/sample; %d train / %d val samples; device %s, precision %s",
+        "model %s: %.2fM params, %s FLOPs/sample; %d train / %d val samples; device %s x%d, precision %s",
         cfg.model.name,
-        params / 1e6,
-        f"{flops / 1e6:.1f}M" if flops else "?",
-        len(data.train),
-        len(data.val),
+        p.params / 1e6,
+        f"{p.flops / 1e6:.1f}M" if p.flops else "?",
+        len(d.train),
+        len(d.val),
         device,
-        precision.name if precision.dtype is None else f"{precision.name} ({precision.dtype})",
+        info.world_size,
+        p.precision.name if p.precision.dtype is None else f"{p.precision.name} ({p.precision.dtype})",
     )
-    # 5. loop
     if rng is not None:
         ckpt_io.set_rng_state(rng)
-    session_samples, session_time, session_wait = 0, 0.0, 0.0
-    while state.epoch < tc.max_epochs:
-        if tc.max_steps and state.global_step >= tc.max_steps:
-            break
-        sampler.set_epoch(state.epoch, start=state.batch_in_epoch * cfg.data.batch_size)
-        loader_rng.manual_seed(tc.seed * 1_000_003 + state.epoch + 1)
+    session = torch.zeros(3, dtype=torch.float64)  # samples (all ranks), seconds, data-wait seconds
+    balance: list[list[float]] = []
+    while state.epoch < tc.max_epochs and not (tc.max_steps and state.global_step >= tc.max_steps):
+        p.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * cfg.data.batch_size)
+        p.loader_rng.manual_seed(tc.seed * 1_000_003 + state.epoch + 1)
         stats = train_one_epoch(
-            train_model,
-            train_loader,
-            optimizer,
-            scheduler,
-            precision,
+            p.train_model,
+            p.train_loader,
+            p.optimizer,
+            p.scheduler,
+            p.precision,
             state,
             trainer_cfg=tc,
             device=device,
             tracker=tracker,
-            batches_in_epoch=batches_in_epoch,
+            batches_in_epoch=p.batches_in_epoch,
             on_step=on_step,
+            reduce=reduce,
         )
-        session_samples += stats["samples"]
-        session_time += stats["time_s"]
-        session_wait += stats["data_wait_frac"] * stats["time_s"]
+        session += torch.tensor([stats["samples"] * info.world_size, stats["time_s"], stats["wait_s"]])
+        balance = dist.gather_floats([peak_mem_mb(device), stats["time_s"]], device)
+        warning = dist.balance_warning(balance, ("peak_mem_mb", "epoch_time_s")) if info.enabled else None
+        if warning and info.is_main:
+            log.warning(warning)
         val = evaluate(
-            train_model,
-            val_loader,
+            p.train_model,
+            p.val_loader,
             device=device,
-            precision=precision,
+            precision=p.precision,
             max_batches=tc.limit_val_batches,
             channels_last=tc.channels_last,
+            reduce=reduce,
         )
-        epoch_done = state.batch_in_epoch >= batches_in_epoch
         metrics = {f"val_{k}": v for k, v in val.items()}
         tracker.log(
             step=state.global_step,
             epoch=state.epoch,
             split="val",
-            loss=val["loss"],
-            acc1=val["acc1"],
-            acc5=val["acc5"],
-            lr=optimizer.param_groups[0]["lr"],
-            samples_per_s=stats["samples_per_s"],
+            **{k: val[k] for k in ("loss", "acc1", "acc5")},
+            lr=p.optimizer.param_groups[0]["lr"],
+            samples_per_s=stats["samples_per_s"] * info.world_size,
             data_wait_frac=stats["data_wait_frac"],
             peak_mem_mb=peak_mem_mb(device),
         )
@@ -256,37 +289,40 @@ def train(cfg, run_dir: str | Path) -> float:
             val["loss"],
             val["acc1"],
             val["acc5"],
-            stats["samples_per_s"],
+            stats["samples_per_s"] * info.world_size,
             100 * stats["data_wait_frac"],
         )
-        if epoch_done:
+        if state.batch_in_epoch >= p.batches_in_epoch:
             state.epoch += 1
             state.batch_in_epoch = 0
         improved = val["acc1"] > state.best_val_acc1
-        if improved:
-            state.best_val_acc1 = val["acc1"]
+        state.best_val_acc1 = max(state.best_val_acc1, val["acc1"])
         save("last")
         if improved:
             save("best")
-    # 6. final figures
-    summary = {
-        "best_val_acc1": state.best_val_acc1,
-        **metrics,
-        "epochs": state.epoch,
-        "steps": state.global_step,
-        "skipped_steps": state.skipped_steps,
-        "train_time_s": state.train_time_s,
-        "samples_per_s": session_samples / session_time if session_time else None,
-        "data_wait_frac": session_wait / session_time if session_time else None,
-        "peak_mem_mb": peak_mem_mb(device),
-        "params": params,
-        "flops": flops,
-        "device": str(device),
-        "precision": precision.name,
-        "torch": torch.__version__,
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "best_checkpoint": str(ckpt_dir / "best.pt"),
-    }
-    tracker.summary(summary)
+    samples, seconds, wait = session.tolist()
+    tracker.summary(
+        {
+            "best_val_acc1": state.best_val_acc1,
+            **metrics,
+            "epochs": state.epoch,
+            "steps": state.global_step,
+            "skipped_steps": state.skipped_steps,
+            "train_time_s": state.train_time_s,
+            "samples_per_s": samples / seconds if seconds else None,
+            "data_wait_frac": wait / seconds if seconds else None,
+            "peak_mem_mb": peak_mem_mb(device),
+            "params": p.params,
+            "flops": p.flops,
+            "device": str(device),
+            "world_size": info.world_size,
+            "rank_peak_mem_mb": [row[0] for row in balance],
+            "rank_epoch_time_s": [row[1] for row in balance],
+            "precision": p.precision.name,
+            "torch": torch.__version__,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "best_checkpoint": str(run_dir / "checkpoints" / "best.pt"),
+        }
+    )
     tracker.close()
     return state.best_val_acc1

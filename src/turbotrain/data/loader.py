@@ -16,8 +16,8 @@ class EpochSampler(Sampler[int]):
     (mid-epoch resume). Rank-aware: rank r of w takes every w-th index of the
     (padded) permutation, like DistributedSampler."""
 
-    def __init__(self, n: int, seed: int, shuffle: bool = True, rank: int = 0, world_size: int = 1):
-        self.n, self.seed, self.shuffle = n, seed, shuffle
+    def __init__(self, n: int, seed: int, shuffle: bool = True, rank: int = 0, world_size: int = 1, pad: bool = True):
+        self.n, self.seed, self.shuffle, self.pad = n, seed, shuffle, pad
         self.rank, self.world_size = rank, world_size
         self.epoch, self.start = 0, 0
 
@@ -30,15 +30,16 @@ class EpochSampler(Sampler[int]):
             order = torch.randperm(self.n, generator=g).tolist()
         else:
             order = list(range(self.n))
-        per_rank = -(-self.n // self.world_size)
-        order += order[: per_rank * self.world_size - self.n]
+        if self.pad:  # equal shards (training: every rank takes the same number of steps)
+            order += order[: -(-self.n // self.world_size) * self.world_size - self.n]
         return order[self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._indices()[self.start :])
 
     def __len__(self) -> int:
-        return -(-self.n // self.world_size) - self.start
+        per_rank = -(-self.n // self.world_size) if self.pad else len(range(self.rank, self.n, self.world_size))
+        return per_rank - self.start
 
 
 def _seed_worker(worker_id: int) -> None:

@@ -18,7 +18,7 @@ from turbotrain.config import ConfigError
 from turbotrain.data import build_data
 from turbotrain.deploy import report as report_io
 from turbotrain.deploy.quantize import BACKEND, quantize_linear_dynamic, quantize_static
-from turbotrain.deploy.script import interleaved_latency_ms, script, size_mb
+from turbotrain.deploy.script import interleaved_latency_ms, reload, script, size_mb
 from turbotrain.models import build_model
 
 log = logging.getLogger("turbotrain")
@@ -75,7 +75,7 @@ def _candidates(deploy: str, kind: str) -> list[tuple[str, bool]]:
 def _fastest_torchscript(target, example: torch.Tensor, deploy_cfg, kind: str):
     """Convert with each candidate method, time them at batch 1, keep the fastest."""
     modules = {
-        f"{method}{'+freeze' if freeze else ''}": script(target, example, method=method, freeze=freeze)
+        f"{method}{'+freeze' if freeze else ''}": reload(script(target, example, method=method, freeze=freeze))
         for method, freeze in _candidates(deploy_cfg.name, kind)
     }
     timed = interleaved_latency_ms(modules, example, repeats=deploy_cfg.latency_repeats)

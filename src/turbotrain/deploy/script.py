@@ -31,6 +31,15 @@ def size_mb(module: torch.jit.ScriptModule) -> float:
     return buf.tell() / 2**20
 
 
+def reload(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
+    """Save and load back, in memory: a module fresh from conversion can run far slower (we saw
+    ~100x for quantized ResNet18) than the same module loaded from its file, which is what ships."""
+    buf = io.BytesIO()
+    torch.jit.save(module, buf)
+    buf.seek(0)
+    return torch.jit.load(buf)
+
+
 @torch.no_grad()
 def interleaved_latency_ms(
     fns: dict[str, Callable[[torch.Tensor], torch.Tensor]],

@@ -74,7 +74,7 @@ def build_model(model_cfg, num_classes: int, in_channels: int) -> nn.Module:
     if name == "small_cnn":
         if model_cfg.pretrained:
             raise ConfigError("model.pretrained=true: small_cnn has no pretrained weights")
-        return SmallCNN(num_classes, in_channels, model_cfg.width, model_cfg.dropout)
+        return SmallCNN(num_classes, in_channels, model_cfg.width, model_cfg.dropout or 0.0)
     if name not in tvm.list_models(module=tvm):
         raise ConfigError(
             f"model.name={name!r} is not a torchvision classification model "
@@ -91,7 +91,11 @@ def build_model(model_cfg, num_classes: int, in_channels: int) -> nn.Module:
             ) from e
         replace_head(model, num_classes)
     else:
-        model = tvm.get_model(name, weights=None, num_classes=num_classes)
+        kwargs = {} if model_cfg.dropout is None else {"dropout": model_cfg.dropout}
+        try:
+            model = tvm.get_model(name, weights=None, num_classes=num_classes, **kwargs)
+        except TypeError as e:
+            raise ConfigError(f"model.dropout: {name} takes no dropout argument ({e}); leave it null") from e
     if in_channels != 3:
         adapt_input_channels(model, in_channels)
     return model

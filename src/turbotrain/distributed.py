@@ -1,0 +1,177 @@
+"""DDP through torch.distributed: set-up/teardown, rank facts, launching, reductions.
+
+Two ways in, one code path:
+- `torchrun [--nnodes ...] train.py distributed=ddp`: torchrun's env (RANK, WORLD_SIZE,
+  LOCAL_RANK, MASTER_ADDR/PORT) is detected and used.
+- `python train.py distributed=ddp distributed.nproc=N`: this process launches N workers through
+  torch's elastic launcher (torchrun's engine) and waits; see `launch`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import re
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("turbotrain")
+HANDSHAKE_DIR = Path("outputs/.torchrun")
+SELF_LAUNCHED = "TURBOTRAIN_DDP_LAUNCHED"
+
+
+class LaunchError(RuntimeError):
+    """A DDP worker failed or never joined; the message names the rank."""
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def in_worker_env() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def setup(dist_cfg, device_name: str) -> tuple[DistInfo, torch.device]:
+    """Join the process group (when launched as a worker) and pick this rank's device."""
+    from turbotrain.pipeline import pick_device  # device rules live with the pipeline
+
+    device = pick_device(device_name)
+    if dist_cfg.name != "ddp" or not in_worker_env():
+        return DistInfo(), device
+    info = DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]))
+    if device.type == "cuda":
+        device = torch.device("cuda", info.local_rank)
+        torch.cuda.set_device(device)
+    backend = dist_cfg.backend if dist_cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    dist.init_process_group(
+        backend=backend,
+        timeout=datetime.timedelta(seconds=dist_cfg.timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    handshake = HANDSHAKE_DIR / os.environ.get("TORCHELASTIC_RUN_ID", "-")
+    if info.is_main and handshake.is_file():
+        handshake.unlink()  # every rank has joined the group, so every rank has read it
+    if not info.is_main:
+        # One run dir, one writer: only rank 0 appends to Hydra's train.log; the other ranks
+        # print warnings and errors only.
+        root = logging.getLogger()
+        for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+            root.removeHandler(handler)
+        log.setLevel(logging.WARNING)
+    return info, device
+
+
+def teardown(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's `values`, on every rank (one row per rank)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if not (dist.is_available() and dist.is_initialized()):
+        return [t.tolist()]
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]
+
+
+def balance_warning(rows: list[list[float]], names: tuple[str, ...], tolerance: float = 0.10) -> str | None:
+    """A warning when ranks differ by more than `tolerance` in any figure (the seed's rule)."""
+    problems = []
+    for i, name in enumerate(names):
+        column = [r[i] for r in rows]
+        low, high = min(column), max(column)
+        if low > 0 and high / low - 1 > tolerance:
+            problems.append(f"{name} {low:.1f}..{high:.1f} ({100 * (high / low - 1):.0f}% apart)")
+    return "ranks are unbalanced: " + "; ".join(problems) if problems else None
+
+
+def launch(nproc: int, run_dir: Path, overrides: list[str], timeout_s: int) -> None:
+    """Start `nproc` workers running this same train.py with the same overrides and this run's
+    dir, through torch.distributed's elastic launcher; raise naming the failed rank."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=uuid.uuid4().hex[:12],
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.5,
+        rdzv_configs={"timeout": timeout_s},
+    )
+    args = [
+        os.path.abspath(sys.argv[0]),
+        *overrides,
+        f"hydra.run.dir={run_dir}",
+        "hydra.output_subdir=null",  # the launcher already wrote .hydra/ for this run
+    ]
+    os.environ[SELF_LAUNCHED] = "1"  # workers inherit it: their run dir is already agreed
+    log.info("launching %d DDP workers (elastic launcher, c10d rendezvous) into %s", nproc, run_dir)
+    try:
+        elastic_launch(config, sys.executable)(*args)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        reason = f"exit code {failure.exitcode}"
+        if failure.exitcode is not None and failure.exitcode < 0:
+            reason = f"killed by signal {-failure.exitcode}"
+        raise LaunchError(f"DDP worker rank {rank} failed ({reason}); see {run_dir}/train.log") from e
+
+
+def torchrun_argv(argv: list[str], wait_s: float = 300.0) -> list[str]:
+    """Under torchrun every rank runs Hydra and would resolve `${now:}` into its own run dir.
+    Rank 0 keeps Hydra's choice and publishes it (`publish_run_dir`); the other ranks wait for
+    it here, before Hydra starts, and join that dir. `--local-rank` (from the legacy
+    torch.distributed.launch) is dropped: Hydra would read it as an override."""
+    argv = [a for a in argv if not re.match(r"--local[-_]rank", a)]
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not in_worker_env() or not run_id or int(os.environ["RANK"]) == 0:
+        return argv
+    if any(a.startswith("hydra.run.dir=") for a in argv):
+        return argv
+    path = HANDSHAKE_DIR / run_id
+    deadline = time.monotonic() + wait_s
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise LaunchError(f"rank {os.environ['RANK']}: rank 0 did not publish its run dir in {path} in {wait_s}s")
+        time.sleep(0.1)
+    return [*argv, f"hydra.run.dir={path.read_text().strip()}", "hydra.output_subdir=null"]
+
+
+def publish_run_dir(run_dir: Path) -> None:
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not run_id or not in_worker_env() or int(os.environ["RANK"]) != 0 or os.environ.get(SELF_LAUNCHED):
+        return
+    HANDSHAKE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = HANDSHAKE_DIR / f".{run_id}.tmp"
+    tmp.write_text(str(Path(run_dir).resolve()))
+    os.replace(tmp, HANDSHAKE_DIR / run_id)

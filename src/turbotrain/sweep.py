@@ -1,0 +1,66 @@
+"""Hydra callback that writes sweep_summary.csv/.md at the multirun root when a sweep ends."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra.experimental.callback import Callback
+
+log = logging.getLogger("turbotrain")
+COLUMNS = ("job", "overrides", "best_val_acc1", "val_loss", "train_time_s", "samples_per_s", "status")
+
+
+def collect(sweep_dir: Path) -> list[dict]:
+    """One row per job dir (those with .hydra/overrides.yaml), best val top-1 first."""
+    rows = []
+    for job in sorted(p for p in sweep_dir.iterdir() if (p / ".hydra" / "overrides.yaml").is_file()):
+        overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
+        row = {"job": job.name, "overrides": " ".join(overrides), "status": "failed"}
+        summary = job / "summary.json"
+        if summary.is_file():
+            s = json.loads(summary.read_text())
+            row.update({k: s.get(k) for k in COLUMNS[2:6]}, status="ok")
+        rows.append(row)
+    return sorted(rows, key=lambda r: -(r.get("best_val_acc1") or -1.0))
+
+
+def write(sweep_dir: Path, rows: list[dict]) -> None:
+    with open(sweep_dir / "sweep_summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+    def cell(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
+
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in COLUMNS) + " |" for r in rows]
+    (sweep_dir / "sweep_summary.md").write_text("\n".join(lines) + "\n")
+
+
+class SweepSummary(Callback):
+    def __init__(self) -> None:
+        self.sweep_dir: Path | None = None
+
+    def on_multirun_start(self, config, **kwargs: Any) -> None:
+        self.sweep_dir = Path(config.hydra.sweep.dir)
+
+    def on_multirun_end(self, config, **kwargs: Any) -> None:
+        sweep_dir = self.sweep_dir or Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir():
+            return
+        rows = collect(sweep_dir)
+        write(sweep_dir, rows)
+        if rows:
+            log.info(
+                "sweep summary (%d jobs, best %s: %s) -> %s",
+                len(rows),
+                rows[0]["job"],
+                rows[0]["overrides"],
+                sweep_dir / "sweep_summary.md",
+            )

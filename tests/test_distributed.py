@@ -1,0 +1,139 @@
+"""DDP through real worker processes (gloo on CPU): equivalence, one run dir, failure handling."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+from conftest import ROOT, run_cli
+from turbotrain.checkpoint import load
+
+# BN-free and dropout-free, so 2 ranks x 32 samples must equal 1 rank x 64 samples exactly
+# up to float summation order.
+EQUIV = (
+    "data=digits",
+    "data.image_size=32",
+    "model=resnet18",
+    "model.name=squeezenet1_1",
+    "model.dropout=0.0",
+    "precision=fp32",
+    "trainer.channels_last=false",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=4",
+    "trainer.progress_bar=false",
+    "trainer.log_every_n_steps=1",
+)
+
+
+def test_two_process_ddp_equals_one_process_on_same_global_batch(tmp_path):
+    one, two = tmp_path / "one" / "run", tmp_path / "two" / "run"
+    r = run_cli("train.py", *EQUIV, "data.batch_size=64", f"hydra.run.dir={one}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (tmp_path / "two").mkdir()
+    r = run_cli(
+        "train.py",
+        *EQUIV,
+        "data.batch_size=32",
+        "distributed=ddp",
+        "distributed.nproc=2",
+        f"hydra.run.dir={two}",
+        cwd=tmp_path / "two",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = load(one / "checkpoints" / "last.pt"), load(two / "checkpoints" / "last.pt")
+    assert a["state"]["global_step"] == b["state"]["global_step"] == 4
+    for k, v in a["model"].items():
+        torch.testing.assert_close(b["model"][k], v, rtol=1e-4, atol=1e-5, msg=k)
+    # Validation is sharded across ranks and summed: the same figures as one process.
+    assert b["metrics"]["val_samples"] == a["metrics"]["val_samples"] == 359
+    assert abs(b["metrics"]["val_acc1"] - a["metrics"]["val_acc1"]) < 1e-9
+    # One run dir, one writer: nothing else appeared beside it, every event is logged once.
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["run"]
+    steps = [json.loads(line)["step"] for line in (two / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 4]  # four train events, one val event
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["world_size"] == 2 and len(summary["rank_peak_mem_mb"]) == 2
+
+
+def _pids_with_env(tag: str, rank: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"TT_TEST_TAG={tag}".encode() in env and f"RANK={rank}".encode() in env:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_killed_worker_fails_the_run_naming_the_rank(tmp_path):
+    tag = uuid.uuid4().hex
+    run = tmp_path / "run"
+    args = [
+        "data=digits",
+        "distributed=ddp",
+        "distributed.nproc=2",
+        "distributed.timeout_s=30",
+        "trainer.max_epochs=200",
+        "trainer.progress_bar=false",
+        f"hydra.run.dir={run}",
+    ]
+    env = {**os.environ, "TT_TEST_TAG": tag}
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, "training never started"
+        time.sleep(0.2)
+    victims = _pids_with_env(tag, "1")
+    assert victims
+    killed_at = time.monotonic()
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=90)
+    assert proc.returncode != 0
+    assert time.monotonic() - killed_at < 60  # well within timeout_s + the launcher's grace
+    assert "rank 1" in stderr and "signal 9" in stderr, stderr[-2000:]
+
+
+def test_torchrun_ranks_share_one_run_dir(tmp_path):
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(ROOT / "train.py"),
+            "distributed=ddp",
+            "data=digits",
+            "trainer.max_epochs=1",
+            "trainer.progress_bar=false",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = list((tmp_path / "outputs" / "train").iterdir())
+    assert len(runs) == 1 and (runs[0] / "summary.json").is_file()
+    assert json.loads((runs[0] / "summary.json").read_text())["world_size"] == 2
+    assert not list((tmp_path / "outputs" / ".torchrun").iterdir())

@@ -1,0 +1,62 @@
+"""Multirun with the basic launcher, an Optuna search, and the SLURM launcher config."""
+
+from __future__ import annotations
+
+import csv
+
+from hydra import compose, initialize_config_dir
+
+from conftest import CONF, run_cli
+
+QUICK = ("data=digits", "model.width=8", "trainer.max_epochs=1", "trainer.progress_bar=false")
+
+
+def _rows(sweep_dir):
+    with open(sweep_dir / "sweep_summary.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_four_job_multirun_writes_sorted_summary(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = run_cli(
+        "train.py",
+        "-m",
+        "optim.lr=0.1,0.01",
+        "sched=cosine,onecycle",
+        *QUICK,
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _rows(sweep)
+    assert len(rows) == 4 and {row["status"] for row in rows} == {"ok"}
+    accs = [float(row["best_val_acc1"]) for row in rows]
+    assert accs == sorted(accs, reverse=True)
+    assert all((sweep / row["job"] / "summary.json").is_file() for row in rows)
+    assert "optim.lr=0.01" in (sweep / "sweep_summary.md").read_text()
+
+
+def test_optuna_search_runs_four_trials(tmp_path):
+    sweep = tmp_path / "optuna"
+    r = run_cli(
+        "train.py",
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=4",
+        *QUICK,
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(_rows(sweep)) == 4
+    assert "best_value" in (sweep / "optimization_results.yaml").read_text()
+
+
+def test_slurm_launcher_config_composes():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(
+            "train",
+            overrides=["hydra/launcher=submitit_slurm", "hydra.launcher.gpus_per_node=8", "distributed=ddp"],
+            return_hydra_config=True,
+        )
+    assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
+    assert cfg.hydra.launcher.gpus_per_node == 8
