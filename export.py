@@ -1,11 +1,12 @@
 """Export a trained run: `python export.py deploy=int8 [run=<run dir>]` (default: the newest run)."""
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from turbotrain.config import register_configs
+from turbotrain.config import check_group_options, register_configs
 from turbotrain.errors import USER_ERRORS, report
 
 register_configs()
@@ -23,4 +24,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    problem = check_group_options(sys.argv[1:], Path(__file__).parent / "conf")
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     main()

@@ -7,27 +7,40 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from turbotrain.config import register_configs
+from turbotrain.config import check_group_options, register_configs
 from turbotrain.distributed import publish_run_dir, torchrun_argv
-from turbotrain.errors import USER_ERRORS, report
+from turbotrain.errors import OOM_HINT, USER_ERRORS, report
 
 register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float:
-    from turbotrain.pipeline import train  # torch import after Hydra has parsed argv (fast --help)
+    import torch  # after Hydra has parsed argv: --help stays fast
+
+    from turbotrain.pipeline import TrainingError, train
+    from turbotrain.preemption import Preempted
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     publish_run_dir(run_dir)
     try:
         return train(cfg, run_dir, overrides=list(hydra_cfg.overrides.task))
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, TrainingError) as e:
         report(e)
+        sys.exit(2)
+    except Preempted as e:
+        report(e)
+        sys.exit(128 + e.signum)
+    except torch.OutOfMemoryError as e:
+        report(RuntimeError(f"{OOM_HINT} ({str(e).splitlines()[0]})"))
         sys.exit(2)
 
 
 if __name__ == "__main__":
+    problem = check_group_options(sys.argv[1:], Path(__file__).parent / "conf")
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     sys.argv = torchrun_argv(sys.argv)
     main()

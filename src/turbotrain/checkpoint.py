@@ -96,11 +96,13 @@ def load_model_state(model: torch.nn.Module, state_dict: dict, path: str | Path)
         ) from e
 
 
-def payload(*, model, optimizer, scheduler, scaler, state: dict, config_yaml: str, arch: dict, metrics: dict) -> dict:
+def payload(
+    *, state_dict, optimizer, scheduler, scaler, state: dict, config_yaml: str, arch: dict, metrics: dict
+) -> dict:
     """The checkpoint dict (format 1) for the current training state."""
     return {
         "format": FORMAT,
-        "model": model.state_dict(),
+        "model": state_dict,
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
@@ -112,13 +114,10 @@ def payload(*, model, optimizer, scheduler, scaler, state: dict, config_yaml: st
     }
 
 
-def restore(path: Path, *, model, optimizer, scheduler, scaler) -> dict:
-    """Load model/optimizer/scheduler/scaler from `path`; returns the checkpoint (state, rng...)."""
-    ckpt = load(path)
-    load_model_state(model, ckpt["model"], path)
+def restore(ckpt: dict, *, optimizer, scheduler, scaler) -> None:
+    """Load optimizer/scheduler/scaler states (the model is loaded when it is built)."""
     optimizer.load_state_dict(ckpt["optimizer"])
     if scheduler is not None and ckpt["scheduler"] is not None:
         scheduler.load_state_dict(ckpt["scheduler"])
     if scaler is not None and ckpt["scaler"] is not None:
         scaler.load_state_dict(ckpt["scaler"])
-    return ckpt

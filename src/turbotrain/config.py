@@ -10,6 +10,7 @@ allowed values in one line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -26,6 +27,7 @@ class DataConfig:
     eval_batch_size: int | None = None
     image_size: int | None = None  # None: the dataset's native size
     resolution: str = "fixed"
+    on_bad_sample: str = "skip"  # skip (count + warn, naming files) | error
     augment: list[Any] = field(default_factory=list)
     mean: list[float] | None = None
     std: list[float] | None = None
@@ -62,6 +64,16 @@ class AttentionConfig:
 @dataclass
 class CompressionConfig:
     name: str = "none"
+    from_run: str | None = None  # start from this run's best.pt (the initial training phase)
+    # channel_prune
+    flops_reduction: float | None = None  # e.g. 0.4: MACs drop by 40%
+    channel_ratio: float | None = None  # alternative target: fraction of channels removed
+    importance: str = "l1"  # l1 | group_l1 | taylor
+    round_to: int = 8  # keep pruned channel counts multiples of this (0: exact counts)
+    steps: int = 1  # iterative pruning increments
+    finetune_steps: int = 0  # optimizer steps of fine-tuning between increments
+    # weight_prune
+    sparsity: float = 0.5
 
 
 @dataclass
@@ -148,6 +160,8 @@ class TrainerConfig:
     channels_last: bool = False
     resume: str | None = None  # path | auto
     progress_bar: bool = True
+    on_nan: str = "skip"  # non-finite loss: skip the step | stop the run
+    nan_patience: int = 20  # consecutive skipped steps before the run counts as diverged
     threads: int | None = None
 
 
@@ -177,6 +191,20 @@ class ExportConfig:
     device: str = "cpu"
 
 
+def check_group_options(argv: list[str], conf_dir: Path) -> str | None:
+    """Hydra answers an unknown `group=option` with a dozen lines (options and search path); this
+    says it in one, before Hydra starts. Returns the message, or None when every option exists."""
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        group = conf_dir / key
+        if not sep or "/" in key or not group.is_dir() or "," in value or value in ("", "null"):
+            continue
+        if not (group / f"{value}.yaml").is_file():
+            allowed = ", ".join(sorted(f.stem for f in group.glob("*.yaml")))
+            return f"{key}={value} is not an option of the {key} group; allowed: {allowed}"
+    return None
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
@@ -189,6 +217,8 @@ class ConfigError(ValueError):
 
 CHOICES = {
     "data.resolution": ("fixed",),
+    "data.on_bad_sample": ("skip", "error"),
+    "trainer.on_nan": ("skip", "stop"),
     "precision.name": ("fp32", "amp", "bf16", "fp16"),
     "optim.name": ("sgd", "adam", "adamw", "rmsprop", "adagrad"),
     "sched.name": ("none", "cosine", "cyclic", "onecycle", "step"),
@@ -196,7 +226,8 @@ CHOICES = {
     "logger.name": ("none", "wandb"),
     "logger.mode": ("offline", "online", "disabled"),
     "attention.name": ("full",),
-    "compression.name": ("none",),
+    "compression.name": ("none", "channel_prune", "weight_prune"),
+    "compression.importance": ("l1", "group_l1", "taylor"),
     "distributed.name": ("none", "ddp"),
     "distributed.backend": ("auto", "nccl", "gloo"),
     "profiler.name": ("none",),
@@ -209,7 +240,16 @@ POSITIVE = (
     "trainer.max_epochs",
     "trainer.log_every_n_steps",
     "distributed.nproc",
+    "compression.steps",
     "distributed.timeout_s",
+)
+
+
+OPEN_UNIT = (  # must lie strictly between 0 and 1 when set
+    "compression.flops_reduction",
+    "compression.channel_ratio",
+    "compression.sparsity",
+    "data.val_fraction",
 )
 
 
@@ -243,6 +283,10 @@ def validate(cfg: Any) -> None:
         value = _get(cfg, key)
         if value is None or value <= 0:
             raise ConfigError(f"{key}={value!r} must be > 0")
+    for key in OPEN_UNIT:
+        value = _get(cfg, key)
+        if value is not None and not 0 < value < 1:
+            raise ConfigError(f"{key}={value!r} must be between 0 and 1 (exclusive)")
     for key in ("trainer.max_steps", "trainer.limit_train_batches", "trainer.limit_val_batches"):
         value = _get(cfg, key)
         if value is not None and value <= 0:

@@ -6,10 +6,25 @@ import sys
 
 from turbotrain.checkpoint import CheckpointError
 from turbotrain.config import ConfigError
+from turbotrain.data.safe import DataError
 from turbotrain.distributed import LaunchError
 
-USER_ERRORS = (ConfigError, CheckpointError, LaunchError, FileNotFoundError)
+USER_ERRORS = (ConfigError, CheckpointError, LaunchError, DataError, FileNotFoundError)
+
+OOM_HINT = (
+    "out of memory: lower data.batch_size (keep the global batch with trainer.grad_accum_steps), use "
+    "precision=amp, or attention.checkpointing=true for transformers"
+)
+
+
+def one_line(error: BaseException) -> str:
+    """The message on one line. Errors raised in DataLoader workers arrive wrapped with the
+    worker's traceback; their last line is the original message."""
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and "Traceback" in str(error):
+        return lines[-1].split(": ", 1)[-1]
+    return " ".join(line.strip() for line in lines)
 
 
 def report(error: BaseException) -> None:
-    print(f"error: {error}", file=sys.stderr)
+    print(f"error: {one_line(error)}", file=sys.stderr)

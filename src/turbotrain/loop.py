@@ -21,7 +21,9 @@ class TrainState:
     global_step: int = 0  # optimizer steps taken
     batch_in_epoch: int = 0  # micro-batches of the current epoch already consumed
     best_val_acc1: float = -1.0
-    skipped_steps: int = 0  # optimizer steps skipped for inf/NaN gradients
+    skipped_steps: int = 0  # optimizer steps skipped for inf/NaN gradients or losses
+    nan_streak: int = 0  # consecutive steps skipped for a non-finite loss
+    bad_samples: int = 0  # samples that failed to load and were skipped
     samples_seen: int = 0
     train_time_s: float = 0.0
 
@@ -29,8 +31,17 @@ class TrainState:
         return asdict(self)
 
 
+class Diverged(RuntimeError):
+    """The loss stayed non-finite (trainer.on_nan=stop, or nan_patience exhausted)."""
+
+    def __init__(self, step: int, loss: float):
+        super().__init__(f"loss is {loss} at step {step}")
+        self.step, self.loss = step, loss
+
+
 def to_device(batch, device: torch.device, channels_last: bool = False):
-    inputs, target = batch
+    """(inputs, target) on `device`; a third element (samples dropped as bad) is ignored here."""
+    inputs, target = batch[0], batch[1]
     if isinstance(inputs, dict):
         inputs = {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
     else:
@@ -99,16 +110,22 @@ def evaluate(
 
 
 def _optimizer_step(model, optimizer, scheduler, precision: Precision, grad_clip: float | None) -> bool:
-    """Unscale, clip, step, update the scaler. Returns False when the scaler skipped the step."""
+    """Unscale, clip, step, update the scaler. Returns False when the step was skipped for
+    inf/NaN gradients. Gradients are identical on every DDP rank here, so all ranks agree."""
     scaler = precision.scaler
     if scaler is not None:
         scaler.unscale_(optimizer)
-    if grad_clip:
-        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     if scaler is None:
-        optimizer.step()
-        stepped = True
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norm = nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        stepped = bool(torch.isfinite(norm))
+        if stepped:
+            if grad_clip:
+                nn.utils.clip_grads_with_norm_(model.parameters(), grad_clip, norm)
+            optimizer.step()
     else:
+        if grad_clip:
+            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         scale = scaler.get_scale()
         scaler.step(optimizer)
         scaler.update()
@@ -164,11 +181,15 @@ def train_one_epoch(
         if trainer_cfg.accum_bn == "freeze" and state.global_step >= trainer_cfg.accum_bn_warmup_steps:
             freeze_bn(model)
         inputs, target = to_device(batch, device, trainer_cfg.channels_last)
+        if len(batch) > 2:
+            state.bad_samples += int(batch[2])
         sync = contextlib.nullcontext() if last_in_group or not hasattr(model, "no_sync") else model.no_sync()
         with sync:
             with precision.autocast():
                 logits = forward(model, inputs)
                 loss = F.cross_entropy(logits.float(), target)
+            if trainer_cfg.on_nan == "stop" and not torch.isfinite(loss):
+                raise Diverged(state.global_step, loss.item())
             scaled = loss / group_len
             (precision.scaler.scale(scaled) if precision.scaler else scaled).backward()
         n = len(target)
@@ -181,8 +202,13 @@ def train_one_epoch(
         bar.update(1)
         if not last_in_group:
             continue
-        if not _optimizer_step(model, optimizer, scheduler, precision, trainer_cfg.grad_clip):
+        if _optimizer_step(model, optimizer, scheduler, precision, trainer_cfg.grad_clip):
+            state.nan_streak = 0
+        else:
             state.skipped_steps += 1
+            state.nan_streak += 1
+            if state.nan_streak >= trainer_cfg.nan_patience:
+                raise Diverged(state.global_step, loss.item())
         state.global_step += 1
         if state.global_step % trainer_cfg.log_every_n_steps == 0:
             # every rank reaches this step together: summing across ranks here cannot deadlock

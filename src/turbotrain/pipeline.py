@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import random
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,17 +20,24 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from turbotrain import checkpoint as ckpt_io
 from turbotrain import distributed as dist
+from turbotrain.compression import prune
 from turbotrain.config import ConfigError, validate
 from turbotrain.data import DataBundle, build_data
 from turbotrain.data.loader import EpochSampler, build_loader
-from turbotrain.loop import TrainState, evaluate, train_one_epoch
+from turbotrain.loop import Diverged, TrainState, evaluate, train_one_epoch
 from turbotrain.models import build_model
 from turbotrain.optim import build_optimizer
 from turbotrain.precision import Precision, build_precision
+from turbotrain.preemption import Preempted, StopFlag, watch_signals
 from turbotrain.sched import build_scheduler
+from turbotrain.surgery import apply_surgery, initial_weights
 from turbotrain.tracking import Tracker, peak_mem_mb
 
 log = logging.getLogger("turbotrain")
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (diverged); the message says where the last good checkpoint is."""
 
 
 def pick_device(name: str) -> torch.device:
@@ -94,13 +102,27 @@ class Parts:
     batches_in_epoch: int
     params: int
     flops: int | None
+    compression: dict | None  # what apply_compression changed and measured
 
 
-def build(cfg, info: dist.DistInfo, device: torch.device) -> Parts:
+def build(
+    cfg, info: dist.DistInfo, device: torch.device, resume_ckpt: dict | None = None, resume_path: Path | None = None
+) -> Parts:
     """Steps 2-4: data, model (+ surgery), device placement, optimizer and scheduler."""
     tc = cfg.trainer
     data = build_data(cfg.data)
     model = build_model(cfg.model, data.num_classes, data.in_channels)
+    initial_weights(model, cfg, resume_ckpt, resume_path)
+    sampler = EpochSampler(len(data.train), tc.seed, rank=info.rank, world_size=info.world_size)
+    loader_rng = torch.Generator()
+    common = {"loader_cfg": cfg.loader, "device": device, "collate_fn": data.collate}
+    train_loader = build_loader(
+        data.train, batch_size=cfg.data.batch_size, sampler=sampler, train=True, generator=loader_rng, **common
+    )
+    val_sampler = EpochSampler(len(data.val), 0, shuffle=False, rank=info.rank, world_size=info.world_size, pad=False)
+    val_bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
+    val_loader = build_loader(data.val, batch_size=val_bs, sampler=val_sampler, train=False, **common)
+    compression = apply_surgery(cfg, model, train_loader, val_loader, resumed=resume_ckpt is not None)
     params = sum(p.numel() for p in model.parameters())
     flops = count_flops(model, data.val[0][0])
     if info.enabled:
@@ -115,15 +137,6 @@ def build(cfg, info: dist.DistInfo, device: torch.device) -> Parts:
                 raise ConfigError("distributed.sync_bn=true needs CUDA (torch's SyncBatchNorm has no CPU kernel)")
             train_model = nn.SyncBatchNorm.convert_sync_batchnorm(train_model)
         train_model = DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
-    sampler = EpochSampler(len(data.train), tc.seed, rank=info.rank, world_size=info.world_size)
-    loader_rng = torch.Generator()
-    common = {"loader_cfg": cfg.loader, "device": device}
-    train_loader = build_loader(
-        data.train, batch_size=cfg.data.batch_size, sampler=sampler, train=True, generator=loader_rng, **common
-    )
-    val_sampler = EpochSampler(len(data.val), 0, shuffle=False, rank=info.rank, world_size=info.world_size, pad=False)
-    val_bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
-    val_loader = build_loader(data.val, batch_size=val_bs, sampler=val_sampler, train=False, **common)
     full_batches = len(sampler) // cfg.data.batch_size
     if full_batches == 0:
         raise ConfigError(
@@ -151,6 +164,7 @@ def build(cfg, info: dist.DistInfo, device: torch.device) -> Parts:
         batches_in_epoch,
         params,
         flops,
+        compression,
     )
 
 
@@ -167,21 +181,28 @@ def train(cfg, run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ())
         torch.set_num_threads(cfg.trainer.threads)
     info, device = dist.setup(cfg.distributed, cfg.trainer.device)
     try:
-        return _fit(cfg, run_dir, info, device)
+        with watch_signals() as stop:
+            return _fit(cfg, run_dir, info, device, stop)
+    except Diverged as e:
+        last = run_dir / "checkpoints" / "last.pt"
+        good = f"last good checkpoint: {last}" if last.is_file() else "no checkpoint was written yet"
+        raise TrainingError(
+            f"training diverged: {e} (trainer.on_nan={cfg.trainer.on_nan}); {good}. "
+            "Try a lower optim.lr, trainer.grad_clip, or precision=fp32"
+        ) from e
     finally:
         dist.teardown(info)
 
 
-def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device) -> float:
+def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: StopFlag) -> float:
     tc = cfg.trainer
-    p = build(cfg, info, device)
+    resume_path = resolve_resume(tc.resume, run_dir)
+    ckpt = ckpt_io.load(resume_path) if resume_path is not None else None
+    p = build(cfg, info, device, ckpt, resume_path)
     reduce = dist.all_reduce_sum if info.enabled else None
     state, rng = TrainState(), None
-    resume_path = resolve_resume(tc.resume, run_dir)
-    if resume_path is not None:
-        ckpt = ckpt_io.restore(
-            resume_path, model=p.model, optimizer=p.optimizer, scheduler=p.scheduler, scaler=p.precision.scaler
-        )
+    if ckpt is not None:
+        ckpt_io.restore(ckpt, optimizer=p.optimizer, scheduler=p.scheduler, scaler=p.precision.scaler)
         state, rng = TrainState(**ckpt["state"]), ckpt["rng"]
         log.info("resumed from %s at epoch %d, step %d", resume_path, state.epoch, state.global_step)
     tracker = Tracker(
@@ -202,6 +223,7 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device) -> float
         "mean": d.mean,
         "std": d.std,
         "class_names": d.class_names,
+        "conv_groups": prune.structure(p.model) if cfg.compression.name == "channel_prune" else None,
     }
     metrics: dict = {}
 
@@ -209,7 +231,7 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device) -> float
         if info.is_main:
             ckpt_io.atomic_save(
                 ckpt_io.payload(
-                    model=p.model,
+                    state_dict=prune.plain_state_dict(p.model),
                     optimizer=p.optimizer,
                     scheduler=p.scheduler,
                     scaler=p.precision.scaler,
@@ -222,6 +244,14 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device) -> float
             )
 
     def on_step(s: TrainState) -> None:
+        if stop.signum is not None:
+            save("last")
+            name = signal.Signals(stop.signum).name
+            raise Preempted(
+                stop.signum,
+                f"stopped by {name} at step {s.global_step}; checkpoint written to {run_dir}/checkpoints/last.pt."
+                f" Resume with: python train.py trainer.resume=auto hydra.run.dir={run_dir} (plus your overrides)",
+            )
         if tc.checkpoint_every_n_steps and s.global_step % tc.checkpoint_every_n_steps == 0:
             save("last")
 
@@ -300,6 +330,7 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device) -> float
         save("last")
         if improved:
             save("best")
+    prune.make_permanent(p.model)
     samples, seconds, wait = session.tolist()
     tracker.summary(
         {
@@ -308,6 +339,7 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device) -> float
             "epochs": state.epoch,
             "steps": state.global_step,
             "skipped_steps": state.skipped_steps,
+            "bad_samples": state.bad_samples,
             "train_time_s": state.train_time_s,
             "samples_per_s": samples / seconds if seconds else None,
             "data_wait_frac": wait / seconds if seconds else None,
@@ -319,6 +351,7 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device) -> float
             "rank_peak_mem_mb": [row[0] for row in balance],
             "rank_epoch_time_s": [row[1] for row in balance],
             "precision": p.precision.name,
+            "compression": p.compression,
             "torch": torch.__version__,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "best_checkpoint": str(run_dir / "checkpoints" / "best.pt"),

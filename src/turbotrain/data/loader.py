@@ -58,6 +58,7 @@ def build_loader(
     device: torch.device,
     train: bool,
     generator: torch.Generator | None = None,
+    collate_fn=None,
 ) -> DataLoader:
     """`generator` seeds the workers; a loader without one draws that seed from the global
     RNG each time it is iterated, which would shift dropout/augmentation randomness
@@ -81,5 +82,6 @@ def build_loader(
         pin_memory=bool(pin),
         drop_last=train,  # equal micro-batches make gradient-accumulation scaling exact
         generator=generator if generator is not None else torch.Generator().manual_seed(0),
+        collate_fn=collate_fn,
         **kwargs,
     )

@@ -7,6 +7,7 @@ torchvision transforms v2 and become normalized float32 only at the end.
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import shutil
 from collections.abc import Callable
@@ -22,6 +23,9 @@ from torchvision.transforms import v2
 
 from turbotrain.config import ConfigError
 from turbotrain.data.augment import build_op, compose, to_float
+from turbotrain.data.safe import SafeDataset, collate_skipping_bad
+
+log = logging.getLogger("turbotrain")
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 FASHION_FILES = (
@@ -43,6 +47,8 @@ class DataBundle:
     std: list[float]
     class_names: list[str] = field(default_factory=list)
     kind: str = "image"
+    train_eval: Dataset | None = None  # training samples with eval transforms (INT8 calibration)
+    collate: Callable | None = None
 
 
 class TensorImageDataset(Dataset):
@@ -107,6 +113,7 @@ def fashion_mnist(cfg) -> DataBundle:
     return DataBundle(
         train=TensorImageDataset(train_ds.data.unsqueeze(1), train_ds.targets, train_tf),
         val=TensorImageDataset(val_ds.data.unsqueeze(1), val_ds.targets, val_tf),
+        train_eval=TensorImageDataset(train_ds.data.unsqueeze(1), train_ds.targets, val_tf),
         num_classes=10,
         in_channels=1,
         image_size=size,
@@ -130,6 +137,7 @@ def digits(cfg) -> DataBundle:
     return DataBundle(
         train=TensorImageDataset(images[train_idx], labels[train_idx], train_tf),
         val=TensorImageDataset(images[val_idx], labels[val_idx], val_tf),
+        train_eval=TensorImageDataset(images[train_idx], labels[train_idx], val_tf),
         num_classes=10,
         in_channels=1,
         image_size=size,
@@ -153,6 +161,7 @@ def synthetic(cfg) -> DataBundle:
     return DataBundle(
         train=TensorImageDataset(images[n_val:], labels[n_val:], tf),
         val=TensorImageDataset(images[:n_val], labels[:n_val], tf),
+        train_eval=TensorImageDataset(images[n_val:], labels[n_val:], tf),
         num_classes=cfg.num_classes,
         in_channels=cfg.channels,
         image_size=size,
@@ -178,13 +187,30 @@ def imagenet(cfg) -> DataBundle:
     norm = to_float(cfg.mean, cfg.std)
     train_tf = compose([v2.RandomResizedCrop(size, antialias=True), *(build_op(a) for a in cfg.augment), *norm])
     val_tf = compose([v2.Resize(int(round(size / 0.875)), antialias=True), v2.CenterCrop(size), *norm])
-    train = tvd.ImageFolder(str(root / "train"), transform=train_tf, loader=read_rgb)
-    val = tvd.ImageFolder(str(root / "val"), transform=val_tf, loader=read_rgb)
+    skip = cfg.on_bad_sample == "skip"
+
+    def folder(split: str, tf) -> tvd.ImageFolder:
+        try:
+            return tvd.ImageFolder(str(root / split), transform=tf, loader=read_rgb, allow_empty=skip)
+        except FileNotFoundError as e:  # an empty class folder, or no images at all
+            raise ConfigError(f"data.root={cfg.root}: {e} (data.on_bad_sample=skip allows empty classes)") from e
+
+    train, val = folder("train", train_tf), folder("val", val_tf)
     if train.classes != val.classes:
         raise ConfigError(f"data.root={cfg.root}: train/ and val/ have different class folders")
+    empty = sorted(set(train.classes) - {train.classes[t] for t in train.targets})
+    if empty:
+        log.warning("data.root=%s: class folders with no images in train/: %s", cfg.root, ", ".join(empty))
+    train_eval = folder("train", val_tf)
+
+    def safe(ds: tvd.ImageFolder) -> SafeDataset:
+        return SafeDataset(ds, cfg.on_bad_sample, lambda i: ds.samples[i][0])
+
     return DataBundle(
-        train=train,
-        val=val,
+        train=safe(train),
+        val=safe(val),
+        train_eval=safe(train_eval),
+        collate=collate_skipping_bad,
         num_classes=len(train.classes),
         in_channels=3,
         image_size=size,

@@ -18,8 +18,8 @@ from turbotrain.config import ConfigError
 from turbotrain.data import build_data
 from turbotrain.deploy import report as report_io
 from turbotrain.deploy.quantize import BACKEND, quantize_linear_dynamic, quantize_static
-from turbotrain.deploy.script import interleaved_latency_ms, reload, script, size_mb
-from turbotrain.models import build_model
+from turbotrain.deploy.script import convert, frozen, interleaved_latency_ms, reload, state_dict_mb
+from turbotrain.models import from_checkpoint
 
 log = logging.getLogger("turbotrain")
 DEPLOYS = ("int8", "int8_dynamic", "fp32")
@@ -60,12 +60,12 @@ def find_run(run: str | None, outputs_dir: str, checkpoint: str) -> Path:
     return found[-1].parent.parent
 
 
-def _loader(dataset, batch_size: int, shuffle: bool) -> DataLoader:
+def _loader(dataset, batch_size: int, shuffle: bool, collate=None) -> DataLoader:
     g = torch.Generator().manual_seed(0)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=g)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=g, collate_fn=collate)
 
 
-def _candidates(deploy: str, kind: str) -> list[tuple[str, bool]]:
+def _candidates(kind: str) -> list[tuple[str, bool]]:
     """(method, freeze) pairs to time; transformers only trace (their forward is not scriptable)."""
     if kind == "text":
         return [("trace", True), ("trace", False)]
@@ -74,9 +74,13 @@ def _candidates(deploy: str, kind: str) -> list[tuple[str, bool]]:
 
 def _fastest_torchscript(target, example: torch.Tensor, deploy_cfg, kind: str):
     """Convert with each candidate method, time them at batch 1, keep the fastest."""
+    candidates = _candidates(kind)
+    # Each method converts once (converting the same model repeatedly has failed intermittently
+    # inside TorchScript's compiler); freezing works on a copy.
+    converted = {method: convert(target, example, method) for method in dict(candidates)}
     modules = {
-        f"{method}{'+freeze' if freeze else ''}": reload(script(target, example, method=method, freeze=freeze))
-        for method, freeze in _candidates(deploy_cfg.name, kind)
+        f"{method}{'+freeze' if freeze else ''}": reload(frozen(converted[method]) if freeze else converted[method])
+        for method, freeze in candidates
     }
     timed = interleaved_latency_ms(modules, example, repeats=deploy_cfg.latency_repeats)
     best = min(timed, key=timed.get)
@@ -93,20 +97,16 @@ def export(cfg) -> Path:
     arch, train_cfg = ckpt["arch"], OmegaConf.create(ckpt["config"])
     threads = cfg.deploy.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
-    model = build_model(OmegaConf.create(arch["model"]), arch["num_classes"], arch["in_channels"])
-    ckpt_io.load_model_state(model, ckpt["model"], ckpt_path)
-    model.eval()
+    model = from_checkpoint(ckpt, ckpt_path)
     data = build_data(train_cfg.data)
-    calibration_set = copy.copy(data.train)
-    calibration_set.transform = data.val.transform  # training images, eval transforms
-    val_loader = _loader(data.val, 32, shuffle=False)
+    val_loader = _loader(data.val, 32, shuffle=False, collate=data.collate)
     example = next(iter(val_loader))[0]
     export_dir = run_dir / "export" / cfg.deploy.name
     with quiet_deprecations():
         if cfg.deploy.name == "fp32":
             target, dtype = model, "float32"
         elif cfg.deploy.name == "int8" and arch["kind"] == "image":
-            calib = _loader(calibration_set, 32, shuffle=True)
+            calib = _loader(data.train_eval, 32, shuffle=True, collate=data.collate)
             target = quantize_static(copy.deepcopy(model), calib, cfg.deploy.calibration_batches, example)
             dtype = "int8 (static, per-channel weights)"
         else:  # int8_dynamic, and int8 for text models
@@ -116,9 +116,7 @@ def export(cfg) -> Path:
         tmp = export_dir / f".model.pt.tmp{os.getpid()}"
         torch.jit.save(module, str(tmp))
         os.replace(tmp, export_dir / "model.pt")
-        fp32_size = size_mb(
-            module if cfg.deploy.name == "fp32" else script(model, example[:1], method="script", freeze=False)
-        )
+        fp32_size = state_dict_mb(model)
         checks = report_io.verify(export_dir / "model.pt", model, val_loader, example, cfg.deploy)
     report = {
         "deploy": cfg.deploy.name,

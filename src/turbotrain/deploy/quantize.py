@@ -24,7 +24,7 @@ def quantize_static(model: nn.Module, calibration, batches: int, example: torch.
     torch.backends.quantized.engine = BACKEND
     prepared = prepare_fx(model.eval(), get_default_qconfig_mapping(BACKEND), example_inputs=(example,))
     seen = 0
-    for inputs, _ in calibration:
+    for inputs, *_ in calibration:
         if seen >= batches:
             break
         prepared(inputs)

@@ -16,18 +16,21 @@ import torch
 from torch import nn
 
 
-def script(model: nn.Module, example: torch.Tensor, *, method: str, freeze: bool) -> torch.jit.ScriptModule:
+def convert(model: nn.Module, example: torch.Tensor, method: str) -> torch.jit.ScriptModule:
     model.eval()
     with torch.no_grad():
-        module = torch.jit.script(model) if method == "script" else torch.jit.trace(model, example)
-        if freeze:
-            module = torch.jit.freeze(module)
-    return module
+        return torch.jit.script(model) if method == "script" else torch.jit.trace(model, example)
 
 
-def size_mb(module: torch.jit.ScriptModule) -> float:
+def frozen(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
+    """A frozen copy (constants folded, attributes inlined); `module` itself is left as it was."""
+    return torch.jit.freeze(module.eval())
+
+
+def state_dict_mb(model: nn.Module) -> float:
+    """Size of the float weights as torch.save writes them (how fp32 checkpoints are compared)."""
     buf = io.BytesIO()
-    torch.jit.save(module, buf)
+    torch.save(model.state_dict(), buf)
     return buf.tell() / 2**20
 
 

@@ -1,0 +1,181 @@
+"""Fault injection in real processes: kill -9 and resume, SIGTERM, bad files, bad configs, NaNs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY, make_cfg, run_cli
+from turbotrain import checkpoint as ckpt_io
+from turbotrain.checkpoint import load
+from turbotrain.pipeline import TrainingError, train
+
+KILLABLE = (*TINY, "trainer.max_epochs=4", "trainer.checkpoint_every_n_steps=3")
+
+
+def _start(args, run_dir, cwd):
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_step(run_dir, proc, step, timeout=120):
+    last = run_dir / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "no checkpoint in time"
+        if last.is_file() and load(last)["state"]["global_step"] >= step:
+            return
+        time.sleep(0.05)
+
+
+def test_kill_9_then_resume_equals_uninterrupted(tmp_path):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    r = run_cli("train.py", *KILLABLE, f"hydra.run.dir={full}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    proc = _start(KILLABLE, killed, tmp_path)
+    _wait_for_step(killed, proc, 30)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert [p.name for p in (killed / "checkpoints").iterdir() if not p.name.endswith(".pt")] == []
+    r = run_cli("train.py", *KILLABLE, "trainer.resume=auto", f"hydra.run.dir={killed}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = load(full / "checkpoints" / "last.pt"), load(killed / "checkpoints" / "last.pt")
+    assert a["metrics"] == b["metrics"] and a["state"]["global_step"] == b["state"]["global_step"]
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+
+
+def test_crash_during_checkpoint_write_keeps_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    ckpt_io.atomic_save({"format": 1, "model": {"w": torch.zeros(3)}}, path)
+
+    def dying_save(obj, f):
+        f.write(b"partial bytes")
+        raise KeyboardInterrupt  # the process dies mid-write
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt_io.atomic_save({"format": 1, "model": {"w": torch.ones(3)}}, path)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+    assert torch.equal(load(path)["model"]["w"], torch.zeros(3))
+
+
+def test_sigterm_writes_checkpoint_and_exits_nonzero(tmp_path):
+    run = tmp_path / "run"
+    args = (*TINY, "trainer.max_epochs=200")
+    proc = _start(args, run, tmp_path)
+    _wait_for_step(run, proc, 1)  # the first epoch's checkpoint exists: training is under way
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM" in stderr and "trainer.resume=auto" in stderr and "Traceback" not in stderr
+    step = load(run / "checkpoints" / "last.pt")["state"]["global_step"]
+    r = run_cli("train.py", *TINY, "trainer.max_epochs=1", "trainer.resume=auto", f"hydra.run.dir={run}")
+    assert r.returncode == 0 and load(run / "checkpoints" / "last.pt")["state"]["global_step"] >= step
+
+
+@pytest.fixture()
+def bad_tree(jpeg_tree, tmp_path):
+    tree = tmp_path / "bad_tree"
+    shutil.copytree(jpeg_tree, tree)
+    truncated = tree / "train" / "china" / "000.jpg"
+    truncated.write_bytes(truncated.read_bytes()[:300])
+    (tree / "train" / "flower" / "notes.jpg").write_text("not an image")
+    (tree / "train" / "zzz_empty").mkdir()
+    (tree / "val" / "zzz_empty").mkdir()
+    return tree
+
+
+def _tree_args(tree):
+    return (
+        "data=imagenet",
+        f"data.root={tree}",
+        "data.image_size=32",
+        "data.batch_size=16",
+        "model=small_cnn",
+        "model.width=8",
+        "trainer.max_epochs=1",
+        "trainer.progress_bar=false",
+    )
+
+
+def test_bad_files_are_skipped_counted_and_named(bad_tree, tmp_path):
+    run = tmp_path / "run"
+    r = run_cli("train.py", *_tree_args(bad_tree), f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((run / "summary.json").read_text())["bad_samples"] == 2
+    log = (run / "train.log").read_text()
+    assert "000.jpg" in log and "notes.jpg" in log and "zzz_empty" in log
+
+
+def test_bad_files_with_error_policy_name_the_file(bad_tree, tmp_path):
+    r = run_cli("train.py", *_tree_args(bad_tree), "data.on_bad_sample=error", "hydra.run.dir=" + str(tmp_path / "r"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "empty" in r.stderr or ".jpg" in r.stderr
+    shutil.rmtree(bad_tree / "train" / "zzz_empty")
+    shutil.rmtree(bad_tree / "val" / "zzz_empty")
+    r = run_cli("train.py", *_tree_args(bad_tree), "data.on_bad_sample=error", "hydra.run.dir=" + str(tmp_path / "r2"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "bad sample" in r.stderr and (".jpg" in r.stderr)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("model=resnet19", "allowed: efficientnet_b0, mobilenet_v3_small, resnet18"),
+        ("data.batch_size=lots", "data.batch_size"),
+        ("optim.lr=-0.1", "optim.lr"),
+        ("data.batch_size=0", "data.batch_size"),
+        ("compression=channel_prune compression.flops_reduction=1.0", "compression.flops_reduction"),
+        ("data=imagenet", "data.root"),
+        ("precision.name=fp8", "allowed: fp32, amp, bf16, fp16"),
+    ],
+)
+def test_bad_config_is_one_clear_line(override, needle, tmp_path):
+    r = run_cli("train.py", *override.split(), f"hydra.run.dir={tmp_path}")
+    assert r.returncode != 0 and needle in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 8
+
+
+def test_divergence_stops_with_step_loss_and_checkpoint(tmp_path):
+    cfg = make_cfg(*TINY, "precision=fp32", "optim.lr=1e12", "trainer.on_nan=stop", "trainer.max_epochs=3")
+    with pytest.raises(TrainingError, match=r"loss is (nan|inf) at step \d+.*checkpoint"):
+        train(cfg, tmp_path)
+
+
+def test_nan_skip_gives_up_after_patience(tmp_path):
+    cfg = make_cfg(*TINY, "precision=fp32", "optim.lr=1e12", "trainer.nan_patience=3", "trainer.max_epochs=3")
+    with pytest.raises(TrainingError, match="diverged"):
+        train(cfg, tmp_path)
+
+
+def test_single_nan_batch_is_skipped(tmp_path):
+    from test_loop import _data, _mlp, _run
+
+    x, y = _data(32)
+    x[8, 0] = float("nan")  # the second batch of 8 poisons its step only
+    model = _mlp()
+    state = _run(model, x, y, batch_size=8, accum=1, tmp_path=tmp_path)
+    assert state.skipped_steps == 1 and state.global_step == 4
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_oom_hint_names_the_keys():
+    from turbotrain.errors import OOM_HINT
+
+    for key in ("data.batch_size", "trainer.grad_accum_steps", "precision=amp", "attention.checkpointing"):
+        assert key in OOM_HINT
