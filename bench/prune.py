@@ -25,9 +25,7 @@ BASE, PRUNED = Path("outputs/train/resnet18_fashion"), Path("outputs/train/resne
 def run(base: Path = BASE, pruned: Path = PRUNED, repeats: int = 15) -> Path:
     for d in (base, pruned):
         if not (d / "checkpoints" / "best.pt").is_file():
-            raise SystemExit(
-                f"bench prune: {d}/checkpoints/best.pt missing; see `python -m bench.prune --help`:\n{__doc__}"
-            )
+            raise SystemExit(f"bench prune: {d}/checkpoints/best.pt missing; see `python -m bench.prune --help`:\n{__doc__}")
     ckpts = {name: load(d / "checkpoints" / "best.pt") for name, d in (("base", base), ("pruned", pruned))}
     models = {name: from_checkpoint(c, name) for name, c in ckpts.items()}
     arch = ckpts["base"]["arch"]
@@ -45,9 +43,7 @@ def run(base: Path = BASE, pruned: Path = PRUNED, repeats: int = 15) -> Path:
             f"{faster:.0%} lower batch-32 latency ({ms['pruned']:.1f} vs {ms['base']:.1f} ms)",
         }
     ]
-    return write(
-        "prune", {"runs": [str(base), str(pruned)], "macs": flops, "acc1": acc, "latency_ms_b32": ms, "rows": rows}
-    )
+    return write("prune", {"runs": [str(base), str(pruned)], "macs": flops, "acc1": acc, "latency_ms_b32": ms, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -77,9 +77,7 @@ def set_rng_state(state: dict) -> None:
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     n = state["numpy"]
-    np.random.set_state(
-        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-    )
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     internal, version = state["python"]
     random.setstate((version, tuple(internal), None))
 
@@ -96,9 +94,7 @@ def load_model_state(model: torch.nn.Module, state_dict: dict, path: str | Path)
         ) from e
 
 
-def payload(
-    *, state_dict, optimizer, scheduler, scaler, state: dict, config_yaml: str, arch: dict, metrics: dict
-) -> dict:
+def payload(*, state_dict, optimizer, scheduler, scaler, state: dict, config_yaml: str, arch: dict, metrics: dict) -> dict:
     """The checkpoint dict (format 1) for the current training state."""
     return {
         "format": FORMAT,

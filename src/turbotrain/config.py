@@ -36,14 +36,20 @@ class DataConfig:
     num_classes: int = 10
     channels: int = 3
     val_fraction: float = 0.2
-    # text (NLP issue)
+    # text
     max_length: int = 128
+    train_path: str | None = None  # text_files
+    val_path: str | None = None
+    text_column: str = "text"
+    label_column: str = "label"
+    hub_name: str | None = None  # hf_hub
 
 
 @dataclass
 class ModelConfig:
     name: str = MISSING
     pretrained: bool = False
+    path: str | None = None  # hf: hub name or local folder
     width: int = 32  # small_cnn
     dropout: float | None = None  # None: the architecture's default
 
@@ -58,7 +64,13 @@ class PrecisionConfig:
 
 @dataclass
 class AttentionConfig:
-    name: str = "full"
+    name: str = "full"  # full | sliding_window (transformer models; no-op for CNNs)
+    implementation: str = "sdpa"  # full attention kernel: sdpa | eager
+    window: int = 256  # sliding_window: tokens each side
+    block: int | None = None  # sliding_window query block (None: window // 2)
+    global_tokens: int = 1  # sliding_window: leading tokens ([CLS]) that attend and are attended globally
+    checkpointing: bool = False  # gradient checkpointing of encoder layers
+    dropout: float | None = None  # attention dropout; None: the model's (0 lets SDPA use its fused kernel)
 
 
 @dataclass
@@ -74,6 +86,10 @@ class CompressionConfig:
     finetune_steps: int = 0  # optimizer steps of fine-tuning between increments
     # weight_prune
     sparsity: float = 0.5
+    # embed_lowrank
+    targets: str = "embedding"  # embedding | linear | both
+    rank: int | None = None
+    energy: float | None = None  # alternative: smallest rank keeping this share of squared singular values
 
 
 @dataclass
@@ -225,8 +241,10 @@ CHOICES = {
     "trainer.accum_bn": ("none", "freeze"),
     "logger.name": ("none", "wandb"),
     "logger.mode": ("offline", "online", "disabled"),
-    "attention.name": ("full",),
-    "compression.name": ("none", "channel_prune", "weight_prune"),
+    "attention.name": ("full", "sliding_window"),
+    "attention.implementation": ("sdpa", "eager"),
+    "compression.name": ("none", "channel_prune", "weight_prune", "embed_lowrank"),
+    "compression.targets": ("embedding", "linear", "both"),
     "compression.importance": ("l1", "group_l1", "taylor"),
     "distributed.name": ("none", "ddp"),
     "distributed.backend": ("auto", "nccl", "gloo"),
@@ -249,6 +267,7 @@ OPEN_UNIT = (  # must lie strictly between 0 and 1 when set
     "compression.flops_reduction",
     "compression.channel_ratio",
     "compression.sparsity",
+    "compression.energy",
     "data.val_fraction",
 )
 

@@ -227,9 +227,7 @@ def train_one_epoch(
                 "skipped_steps": state.skipped_steps,
             }
             tracker.log(**event)
-            bar.set_postfix(
-                loss=f"{event['loss']:.3f}", acc=f"{event['acc1']:.3f}", sps=f"{event['samples_per_s']:.0f}"
-            )
+            bar.set_postfix(loss=f"{event['loss']:.3f}", acc=f"{event['acc1']:.3f}", sps=f"{event['samples_per_s']:.0f}")
             interval.zero_()
             t_interval, wait_interval, samples_interval = time.perf_counter(), 0.0, 0
         if on_step is not None:

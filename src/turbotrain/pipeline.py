@@ -20,12 +20,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from turbotrain import checkpoint as ckpt_io
 from turbotrain import distributed as dist
-from turbotrain.compression import prune
+from turbotrain.compression import lowrank, prune
 from turbotrain.config import ConfigError, validate
 from turbotrain.data import DataBundle, build_data
 from turbotrain.data.loader import EpochSampler, build_loader
 from turbotrain.loop import Diverged, TrainState, evaluate, train_one_epoch
-from turbotrain.models import build_model
+from turbotrain.models import build_for, build_tokenizer_for
+from turbotrain.models.text import model_path
 from turbotrain.optim import build_optimizer
 from turbotrain.precision import Precision, build_precision
 from turbotrain.preemption import Preempted, StopFlag, watch_signals
@@ -61,13 +62,13 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
-def count_flops(model: nn.Module, sample: torch.Tensor) -> int | None:
-    """Forward FLOPs of one sample (torch's own counter; None where it cannot run)."""
+def count_flops(model: nn.Module, batch) -> int | None:
+    """Forward FLOPs of a batch of one (torch's own counter; None where it cannot run)."""
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(sample.unsqueeze(0))
+            model(**batch) if isinstance(batch, dict) else model(batch)
         return int(counter.get_total_flops())
     except Exception:  # exotic ops: FLOPs are informative only
         return None
@@ -110,8 +111,9 @@ def build(
 ) -> Parts:
     """Steps 2-4: data, model (+ surgery), device placement, optimizer and scheduler."""
     tc = cfg.trainer
-    data = build_data(cfg.data)
-    model = build_model(cfg.model, data.num_classes, data.in_channels)
+    tokenizer = build_tokenizer_for(cfg.model, cfg.data.max_length)
+    data = build_data(cfg.data, tokenizer)
+    model = build_for(cfg.model, data, tokenizer, cfg.data.max_length)
     initial_weights(model, cfg, resume_ckpt, resume_path)
     sampler = EpochSampler(len(data.train), tc.seed, rank=info.rank, world_size=info.world_size)
     loader_rng = torch.Generator()
@@ -122,9 +124,9 @@ def build(
     val_sampler = EpochSampler(len(data.val), 0, shuffle=False, rank=info.rank, world_size=info.world_size, pad=False)
     val_bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
     val_loader = build_loader(data.val, batch_size=val_bs, sampler=val_sampler, train=False, **common)
-    compression = apply_surgery(cfg, model, train_loader, val_loader, resumed=resume_ckpt is not None)
+    compression = apply_surgery(cfg, model, data.kind, train_loader, val_loader, resumed=resume_ckpt is not None)
     params = sum(p.numel() for p in model.parameters())
-    flops = count_flops(model, data.val[0][0])
+    flops = count_flops(model, data.collate([data.val[0]])[0] if data.collate else data.val[0][0].unsqueeze(0))
     if info.enabled:
         torch.manual_seed(tc.seed + info.rank)  # same init everywhere, own dropout/augment stream per rank
     model.to(device)
@@ -147,9 +149,7 @@ def build(
     steps_per_epoch = math.ceil(batches_in_epoch / tc.grad_accum_steps)
     total_steps = min(tc.max_epochs * steps_per_epoch, tc.max_steps or math.inf)
     optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(
-        optimizer, cfg.sched, cfg.optim, total_steps=total_steps, steps_per_epoch=steps_per_epoch
-    )
+    scheduler = build_scheduler(optimizer, cfg.sched, cfg.optim, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
     return Parts(
         data,
         model,
@@ -224,7 +224,15 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: St
         "std": d.std,
         "class_names": d.class_names,
         "conv_groups": prune.structure(p.model) if cfg.compression.name == "channel_prune" else None,
+        "lowrank": lowrank.spec(p.model) or None,
     }
+    if d.kind == "text":
+        arch.update(
+            max_length=cfg.data.max_length,
+            vocab_size=p.model.config.vocab_size,
+            attention=OmegaConf.to_container(cfg.attention, resolve=True),
+            tokenizer=model_path(cfg.model),
+        )
     metrics: dict = {}
 
     def save(name: str) -> None:

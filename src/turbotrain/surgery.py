@@ -11,8 +11,10 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from turbotrain import checkpoint as ckpt_io
+from turbotrain.attention import apply_attention
 from turbotrain.compression import apply_compression, prune
-from turbotrain.loop import TrainState, evaluate, train_one_epoch
+from turbotrain.config import ConfigError
+from turbotrain.loop import TrainState, evaluate, forward, train_one_epoch
 from turbotrain.models import load_weights
 from turbotrain.optim import build_optimizer
 from turbotrain.precision import build_precision
@@ -30,9 +32,19 @@ def initial_weights(model: nn.Module, cfg, resume_ckpt: dict | None, resume_path
         log.info("compression.from_run: starting from %s", path)
 
 
-def apply_surgery(cfg, model: nn.Module, train_loader, val_loader, resumed: bool) -> dict | None:
-    """Step 3's compression on the CPU model: measured before/after, skipped when resuming (the
-    checkpoint already has the compressed shapes; weight-pruning masks are re-applied)."""
+def apply_surgery(cfg, model: nn.Module, kind: str, train_loader, val_loader, resumed: bool) -> dict | None:
+    """Step 3 on the CPU model: attention choices (text), then compression, measured before/after.
+    Compression is skipped when resuming (the checkpoint already has the compressed shapes;
+    weight-pruning masks are re-applied)."""
+    if kind == "text":
+        changed = apply_attention(model, cfg.attention)
+        log.info("attention: %s", changed)
+        if cfg.compression.name == "channel_prune":
+            raise ConfigError("compression=channel_prune is for CNNs; text models take embed_lowrank or weight_prune")
+    elif cfg.attention.name != "full" or cfg.attention.checkpointing:
+        raise ConfigError(f"attention={cfg.attention.name} / attention.checkpointing apply to transformer models only")
+    elif cfg.compression.name == "embed_lowrank":
+        raise ConfigError("compression=embed_lowrank is for transformer models; CNNs take channel_prune or weight_prune")
     if resumed:
         if cfg.compression.name == "weight_prune":
             prune.weight_prune(model, cfg.compression.sparsity)
@@ -48,7 +60,7 @@ def apply_surgery(cfg, model: nn.Module, train_loader, val_loader, resumed: bool
     def grad_batch(m: nn.Module) -> None:
         x, y, *_ = next(iter(train_loader))
         m.zero_grad()
-        nn.functional.cross_entropy(m(x), y).backward()
+        nn.functional.cross_entropy(forward(m, x), y).backward()
 
     def finetune(m: nn.Module) -> None:
         steps = cfg.compression.finetune_steps
@@ -70,6 +82,4 @@ def apply_surgery(cfg, model: nn.Module, train_loader, val_loader, resumed: bool
             )
 
     example = next(iter(val_loader))[0]
-    return apply_compression(
-        model, cfg.compression, example=example, evaluate=acc, finetune=finetune, grad_batch=grad_batch
-    )
+    return apply_compression(model, cfg.compression, example=example, evaluate=acc, finetune=finetune, grad_batch=grad_batch)

@@ -14,7 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from turbotrain.compression import prune
+from turbotrain.compression import lowrank, prune
+from turbotrain.loop import forward
 
 log = logging.getLogger("turbotrain")
 
@@ -23,7 +24,7 @@ def apply_compression(
     model: nn.Module,
     cfg,
     *,
-    example: torch.Tensor,
+    example,
     evaluate: Callable[[nn.Module], float],
     finetune: Callable[[nn.Module], None] | None = None,
     grad_batch: Callable[[nn.Module], None] | None = None,
@@ -38,11 +39,15 @@ def apply_compression(
         report = prune.channel_prune(model, example[:1], cfg, grad_batch=grad_batch, finetune=finetune)
     elif cfg.name == "weight_prune":
         report = prune.weight_prune(model, cfg.sparsity)
+    elif cfg.name == "embed_lowrank":
+        report = lowrank.factorize(model, cfg.targets, cfg.rank, cfg.energy)
     else:
         raise AssertionError(cfg.name)  # validate() admits only known names
     model.eval()
+    batch = {k: v[:32] for k, v in example.items()} if isinstance(example, dict) else example[:32]
     with torch.no_grad():
-        ms = interleaved_latency_ms({"before": before, "after": model}, example[:32], repeats=7)
+        fns = {"before": lambda x: forward(before, x), "after": lambda x: forward(model, x)}
+        ms = interleaved_latency_ms(fns, batch, repeats=7)
     report.update(
         acc1_before=acc_before,
         acc1_after_prune=evaluate(model),

@@ -16,10 +16,11 @@ from torch.utils.data import DataLoader
 from turbotrain import checkpoint as ckpt_io
 from turbotrain.config import ConfigError
 from turbotrain.data import build_data
+from turbotrain.data.text import PadCollate
 from turbotrain.deploy import report as report_io
 from turbotrain.deploy.quantize import BACKEND, quantize_linear_dynamic, quantize_static
-from turbotrain.deploy.script import convert, frozen, interleaved_latency_ms, reload, state_dict_mb
-from turbotrain.models import from_checkpoint
+from turbotrain.deploy.script import TextLogits, convert, frozen, interleaved_latency_ms, reload, state_dict_mb
+from turbotrain.models import build_tokenizer_for, from_checkpoint
 
 log = logging.getLogger("turbotrain")
 DEPLOYS = ("int8", "int8_dynamic", "fp32")
@@ -72,7 +73,7 @@ def _candidates(kind: str) -> list[tuple[str, bool]]:
     return [("script", True), ("script", False), ("trace", True)]
 
 
-def _fastest_torchscript(target, example: torch.Tensor, deploy_cfg, kind: str):
+def _fastest_torchscript(target, example: tuple, deploy_cfg, kind: str):
     """Convert with each candidate method, time them at batch 1, keep the fastest."""
     candidates = _candidates(kind)
     # Each method converts once (converting the same model repeatedly has failed intermittently
@@ -97,27 +98,33 @@ def export(cfg) -> Path:
     arch, train_cfg = ckpt["arch"], OmegaConf.create(ckpt["config"])
     threads = cfg.deploy.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
+    text = arch["kind"] == "text"
     model = from_checkpoint(ckpt, ckpt_path)
-    data = build_data(train_cfg.data)
+    tokenizer = build_tokenizer_for(OmegaConf.create(arch["model"]), arch.get("max_length", 0))
+    data = build_data(train_cfg.data, tokenizer)
+    if text:  # fixed-length inputs: tracing bakes the sequence length into the artifact
+        model = TextLogits(model).eval()
+        data.collate = PadCollate(tokenizer.pad_token_id or 0, length=arch["max_length"])
     val_loader = _loader(data.val, 32, shuffle=False, collate=data.collate)
-    example = next(iter(val_loader))[0]
+    inputs = next(iter(val_loader))[0]
+    example = (inputs["input_ids"], inputs["attention_mask"]) if text else (inputs,)
     export_dir = run_dir / "export" / cfg.deploy.name
     with quiet_deprecations():
         if cfg.deploy.name == "fp32":
             target, dtype = model, "float32"
-        elif cfg.deploy.name == "int8" and arch["kind"] == "image":
+        elif cfg.deploy.name == "int8" and not text:
             calib = _loader(data.train_eval, 32, shuffle=True, collate=data.collate)
-            target = quantize_static(copy.deepcopy(model), calib, cfg.deploy.calibration_batches, example)
+            target = quantize_static(copy.deepcopy(model), calib, cfg.deploy.calibration_batches, inputs)
             dtype = "int8 (static, per-channel weights)"
         else:  # int8_dynamic, and int8 for text models
             target, dtype = quantize_linear_dynamic(copy.deepcopy(model)), "int8 (dynamic, Linear layers)"
-        best, timed, module = _fastest_torchscript(target, example[:1], cfg.deploy, arch["kind"])
+        best, timed, module = _fastest_torchscript(target, tuple(a[:1] for a in example), cfg.deploy, arch["kind"])
         export_dir.mkdir(parents=True, exist_ok=True)
         tmp = export_dir / f".model.pt.tmp{os.getpid()}"
         torch.jit.save(module, str(tmp))
         os.replace(tmp, export_dir / "model.pt")
         fp32_size = state_dict_mb(model)
-        checks = report_io.verify(export_dir / "model.pt", model, val_loader, example, cfg.deploy)
+        checks = report_io.verify(export_dir / "model.pt", model, val_loader, example, cfg.deploy, text=text)
     report = {
         "deploy": cfg.deploy.name,
         "format": "torchscript",

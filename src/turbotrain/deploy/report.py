@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from turbotrain.deploy.quantize import BACKEND
-from turbotrain.deploy.script import interleaved_latency_ms
+from turbotrain.deploy.script import KeywordInputs, interleaved_latency_ms
 from turbotrain.loop import evaluate
 from turbotrain.precision import Precision
 
@@ -17,29 +17,32 @@ CPU = torch.device("cpu")
 FP32 = Precision("fp32", "cpu", None, None)
 
 
-def logits_agreement(artifact, reference: torch.nn.Module, batch: torch.Tensor) -> dict:
+def logits_agreement(artifact, reference: torch.nn.Module, args: tuple) -> dict:
     with torch.no_grad():
-        a, r = artifact(batch), reference(batch)
+        a, r = artifact(*args), reference(*args)
     return {
         "max_abs_diff": (a - r).abs().max().item(),
         "argmax_agreement": (a.argmax(-1) == r.argmax(-1)).float().mean().item(),
-        "batch": len(batch),
+        "batch": len(args[0]),
     }
 
 
-def verify(path: Path, model: torch.nn.Module, val_loader, example: torch.Tensor, deploy_cfg) -> dict:
+def verify(path: Path, model: torch.nn.Module, val_loader, example: tuple, deploy_cfg, text: bool = False) -> dict:
     """Accuracy, logit agreement and latency of the artifact as loaded from disk, beside the
-    float eager model on the same inputs."""
+    float eager model on the same inputs (`example`: the positional arguments of a batch)."""
     artifact = torch.jit.load(str(path))
-    acc = evaluate(artifact, val_loader, device=CPU, precision=FP32, max_batches=deploy_cfg.val_batches)
-    ref = evaluate(model, val_loader, device=CPU, precision=FP32, max_batches=deploy_cfg.val_batches)
+    as_loop = KeywordInputs if text else (lambda m: m)  # evaluate() passes text batches as keywords
+    limit = deploy_cfg.val_batches
+    acc = evaluate(as_loop(artifact), val_loader, device=CPU, precision=FP32, max_batches=limit)
+    ref = evaluate(as_loop(model), val_loader, device=CPU, precision=FP32, max_batches=limit)
     figures = {
         "val_acc1": acc["acc1"],
         "fp32_val_acc1": ref["acc1"],
         "val_samples": acc["samples"],
         **logits_agreement(artifact, model, example),
     }
-    for suffix, batch, repeats in (("", example[:1], deploy_cfg.latency_repeats), ("_b32", example, 10)):
+    first = tuple(a[:1] for a in example)
+    for suffix, batch, repeats in (("", first, deploy_cfg.latency_repeats), ("_b32", example, 10)):
         # A fresh load per batch size: TorchScript's profiling executor specializes on the
         # shapes it has seen, and a deployed model usually serves one batch size.
         fresh = torch.jit.load(str(path))
@@ -50,6 +53,19 @@ def verify(path: Path, model: torch.nn.Module, val_loader, example: torch.Tensor
 
 
 def input_spec(arch: dict) -> dict:
+    if arch["kind"] == "text":
+        n = arch["max_length"]
+        return {
+            "shape": ["N", n],
+            "dtype": "int64",
+            "layout": "(input_ids, attention_mask), both [N, max_length]",
+            "preprocessing": f"tokenize with the tokenizer in {arch['tokenizer']}, truncation and padding to {n} tokens",
+            "tokenizer": arch["tokenizer"],
+            "mean": None,
+            "std": None,
+            "labels": arch["class_names"],
+            "output": f"logits [N, {arch['num_classes']}]",
+        }
     c, s = arch["in_channels"], arch["image_size"]
     return {
         "shape": ["N", c, s, s],
@@ -69,11 +85,9 @@ def input_spec(arch: dict) -> dict:
 def _figures(r: dict) -> str:
     return "\n".join(
         [
-            f"Validation top-1: {r['val_acc1']:.4f} (float model: {r['fp32_val_acc1']:.4f}),"
-            f" {r['val_samples']} samples.",
+            f"Validation top-1: {r['val_acc1']:.4f} (float model: {r['fp32_val_acc1']:.4f}), {r['val_samples']} samples.",
             f"Size: {r['size_mb']:.2f} MB (fp32: {r['fp32_size_mb']:.2f} MB).",
-            f"Latency, batch 1: {r['latency_ms']:.3f} ms (fp32 eager: {r['fp32_latency_ms']:.3f} ms),"
-            f" {r['threads']} threads.",
+            f"Latency, batch 1: {r['latency_ms']:.3f} ms (fp32 eager: {r['fp32_latency_ms']:.3f} ms), {r['threads']} threads.",
         ]
     )
 

@@ -77,8 +77,7 @@ def build_model(model_cfg, num_classes: int, in_channels: int) -> nn.Module:
         return SmallCNN(num_classes, in_channels, model_cfg.width, model_cfg.dropout or 0.0)
     if name not in tvm.list_models(module=tvm):
         raise ConfigError(
-            f"model.name={name!r} is not a torchvision classification model "
-            "(see torchvision.models.list_models()) nor small_cnn"
+            f"model.name={name!r} is not a torchvision classification model (see torchvision.models.list_models()) nor small_cnn"
         )
     if model_cfg.pretrained:
         try:

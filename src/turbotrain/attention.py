@@ -1,0 +1,168 @@
+"""Attention for transformer encoders: implementation choice, sliding-window attention, gradient
+checkpointing, and extension of learned position embeddings.
+
+Sliding-window attention is registered with transformers' `AttentionInterface` (the kernel) and
+`AttentionMaskInterface` (which hands the kernel the 2-D padding mask instead of an n x n bias), so
+any model that dispatches through those interfaces (BERT and its family) uses it unchanged.
+The kernel is blocked: queries in blocks of `block` tokens attend to the keys from `window` before
+the block to `window` after it, so scores take O(n * (block + 2 * window)) memory, not O(n^2).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+from turbotrain.config import ConfigError
+
+log = logging.getLogger("turbotrain")
+NAME = "turbotrain_sliding_window"
+
+
+def sliding_window_attention(
+    query: torch.Tensor,  # [b, h, n, d]
+    key: torch.Tensor,
+    value: torch.Tensor,
+    padding_mask: torch.Tensor | None,  # [b, n], True/1 = real token
+    *,
+    window: int,
+    block: int,
+    global_tokens: int = 0,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    training: bool = False,
+) -> torch.Tensor:
+    """Token i attends to tokens j with |i - j| <= window (plus the first `global_tokens`, which
+    also attend to everything). Returns [b, n, h, d] like transformers' attention functions."""
+    b, h, n, d = query.shape
+    scaling = d**-0.5 if scaling is None else scaling
+    blk = max(1, min(block, n))
+    n_pad = -(-n // blk) * blk
+    span = blk + 2 * window
+    keep = torch.ones(b, n, dtype=torch.bool, device=query.device) if padding_mask is None else padding_mask.bool()
+
+    def band(x: torch.Tensor) -> torch.Tensor:  # [b, h, n, d] -> [b, h, blocks, span, d] (a view)
+        x = F.pad(x, (0, 0, window, n_pad - n + window))
+        return x.unfold(2, span, blk).transpose(-1, -2)
+
+    q = F.pad(query, (0, 0, 0, n_pad - n)).view(b, h, n_pad // blk, blk, d)
+    scores = torch.einsum("bhkqd,bhksd->bhkqs", q, band(key)) * scaling  # [b, h, blocks, blk, span]
+    # Which keys each query may see: inside the band, real (not padding, not past the ends) and,
+    # with global tokens, not a global key (those are added once, below).
+    key_ok = F.pad(keep, (window, n_pad - n + window)).unfold(1, span, blk)  # [b, blocks, span]
+    offset = torch.arange(span, device=query.device)[None, :] - torch.arange(blk, device=query.device)[:, None]
+    in_band = (offset >= 0) & (offset <= 2 * window)  # |query - key| <= window
+    allowed = key_ok[:, None, :, None, :] & in_band
+    if global_tokens:
+        key_pos = (
+            torch.arange(n_pad // blk, device=query.device)[:, None] * blk - window + torch.arange(span, device=query.device)
+        )
+        allowed = allowed & (key_pos >= global_tokens)[None, None, :, None, :]
+        g_scores = torch.einsum("bhkqd,bhgd->bhkqg", q, key[:, :, :global_tokens]) * scaling
+        g_ok = keep[:, None, None, None, :global_tokens]
+        scores = torch.cat([scores, g_scores], dim=-1)
+        allowed = torch.cat([allowed.expand(b, 1, -1, -1, -1), g_ok.expand(b, 1, *g_scores.shape[2:4], -1)], -1)
+    neg = torch.finfo(scores.dtype).min
+    probs = scores.masked_fill(~allowed, neg).softmax(-1, dtype=torch.float32).to(value.dtype)
+    probs = F.dropout(probs, dropout, training=training)
+    out = torch.einsum("bhkqs,bhksd->bhkqd", probs[..., :span], band(value))
+    if global_tokens:
+        out = out + torch.einsum("bhkqg,bhgd->bhkqd", probs[..., span:], value[:, :, :global_tokens])
+    out = out.reshape(b, h, n_pad, d)[:, :, :n]
+    if global_tokens:  # global queries attend to every real token: full rows, O(n * global_tokens)
+        g = query[:, :, :global_tokens] @ key.transpose(-1, -2) * scaling
+        g = g.masked_fill(~keep[:, None, None, :], neg).softmax(-1, dtype=torch.float32).to(value.dtype)
+        out = torch.cat([F.dropout(g, dropout, training=training) @ value, out[:, :, global_tokens:]], dim=2)
+    return out.transpose(1, 2).contiguous()
+
+
+def _hf_kernel(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    cfg = module.config.turbotrain_attention
+    out = sliding_window_attention(
+        query,
+        key,
+        value,
+        attention_mask,
+        window=cfg["window"],
+        block=cfg["block"],
+        global_tokens=cfg["global_tokens"],
+        dropout=dropout,
+        scaling=scaling,
+        training=module.training,
+    )
+    return out, None
+
+
+def _hf_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, **kwargs):
+    """No n x n mask: the kernel takes the 2-D padding mask (None when there is no padding)."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return attention_mask[:, kv_offset : kv_offset + kv_length].bool()
+
+
+AttentionInterface.register(NAME, _hf_kernel)
+AttentionMaskInterface.register(NAME, _hf_mask)
+
+
+def extend_positions(model: nn.Module, max_length: int) -> int:
+    """Grow learned absolute position embeddings to `max_length` by tiling the trained ones
+    (Longformer's copy initialization). Returns how many positions were added."""
+    emb = getattr(getattr(model, "base_model", model), "embeddings", None)
+    pos = getattr(emb, "position_embeddings", None)
+    if not isinstance(pos, nn.Embedding):
+        raise ConfigError(
+            f"data.max_length={max_length} exceeds the model's positions and it has no learned "
+            "absolute position embeddings to extend; lower data.max_length"
+        )
+    old = pos.num_embeddings
+    if max_length <= old:
+        return 0
+    new = nn.Embedding(max_length, pos.embedding_dim, padding_idx=pos.padding_idx)
+    with torch.no_grad():
+        reps = -(-max_length // old)
+        new.weight.copy_(pos.weight.repeat(reps, 1)[:max_length])
+    emb.position_embeddings = new
+    for name in ("position_ids", "token_type_ids"):
+        buf = getattr(emb, name, None)
+        if buf is not None:
+            grown = torch.arange(max_length).expand(1, -1) if name == "position_ids" else buf.new_zeros(1, max_length)
+            emb.register_buffer(name, grown.to(buf.dtype), persistent=False)
+    model.config.max_position_embeddings = max_length
+    return max_length - old
+
+
+def apply_attention(model: nn.Module, attention_cfg) -> dict:
+    """Choose the attention implementation, set attention dropout, swap in sliding-window attention,
+    enable gradient checkpointing. Returns what changed."""
+    changed: dict = {"implementation": attention_cfg.name}
+    if attention_cfg.dropout is not None:
+        model.config.attention_probs_dropout_prob = attention_cfg.dropout
+        n = 0
+        for name, m in model.named_modules():
+            if isinstance(m, nn.Dropout) and name.endswith("attention.self.dropout"):
+                m.p = attention_cfg.dropout
+                n += 1
+        changed["attention_dropout"] = attention_cfg.dropout
+        changed["dropout_modules"] = n
+    if attention_cfg.name == "sliding_window":
+        if attention_cfg.window <= 0:
+            raise ConfigError(f"attention.window={attention_cfg.window} must be > 0")
+        model.config.turbotrain_attention = {
+            "window": attention_cfg.window,
+            "block": attention_cfg.block or max(1, attention_cfg.window // 2),
+            "global_tokens": attention_cfg.global_tokens,
+        }
+        model.set_attn_implementation(NAME)
+    elif attention_cfg.name == "full":
+        model.set_attn_implementation(attention_cfg.implementation)
+    if attention_cfg.checkpointing:
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise ConfigError(f"attention.checkpointing=true: {type(model).__name__} does not support it")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        changed["checkpointing"] = True
+    return changed

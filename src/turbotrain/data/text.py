@@ -1,0 +1,167 @@
+"""Text classification data: wordnet (WordNet 3.0 noun definitions by topic), text_files, hf_hub.
+
+Texts are tokenized once with the model's fast tokenizer (`datasets.map(batched=True)`) without
+padding; batches are padded per batch to their longest text (dynamic padding).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from turbotrain.config import ConfigError
+from turbotrain.data.vision import DataBundle
+
+log = logging.getLogger("turbotrain")
+WORDNET = Path("/usr/share/wordnet/data.noun")
+# Lexicographer files of nouns (lexnames(5WN)): six large, distinct topics.
+WORDNET_TOPICS = {4: "act", 5: "animal", 6: "artifact", 10: "communication", 18: "person", 20: "plant"}
+
+
+def read_wordnet(path: Path = WORDNET) -> tuple[list[str], list[int]]:
+    """(definition, topic index) pairs from data.noun; examples in quotes are dropped."""
+    if not path.is_file():
+        raise ConfigError(f"data=wordnet needs {path}: apt-get install wordnet-base")
+    topics = sorted(WORDNET_TOPICS)
+    texts, labels = [], []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.startswith("  "):  # licence header
+                continue
+            head, _, gloss = line.partition(" | ")
+            fields = head.split()
+            lex = int(fields[1])
+            if lex not in WORDNET_TOPICS:
+                continue
+            definition = gloss.split('; "')[0].strip()
+            if definition:
+                texts.append(definition)
+                labels.append(topics.index(lex))
+    return texts, labels
+
+
+class TokenizedText(Dataset):
+    """Items are ({input_ids, attention_mask} 1-D tensors, label)."""
+
+    def __init__(self, encoded, labels: list[int]):
+        self.encoded, self.labels = encoded, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        row = self.encoded[i]
+        return {k: torch.tensor(v) for k, v in row.items()}, self.labels[i]
+
+
+class PadCollate:
+    """Pads each batch to its longest sequence, or to `length` (a class, so DataLoader workers can
+    pickle it). Exported artifacts take fixed-length inputs: tracing bakes in the sequence length."""
+
+    def __init__(self, pad_id: int, length: int | None = None):
+        self.pad_id, self.length = pad_id, length
+
+    def __call__(self, batch):
+        inputs = {}
+        for key in batch[0][0]:
+            pad = self.pad_id if key == "input_ids" else 0
+            seqs = [b[0][key] for b in batch]
+            if self.length:
+                seqs[0] = torch.nn.functional.pad(seqs[0], (0, self.length - len(seqs[0])), value=pad)
+            inputs[key] = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad)
+        return inputs, torch.tensor([b[1] for b in batch])
+
+
+def _encode(tokenizer, texts: list[str], max_length: int):
+    from datasets import Dataset as HFDataset
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+    ds = HFDataset.from_dict({"text": texts})
+    keep = ("input_ids", "attention_mask")  # token_type_ids: all zeros for one text, the model's default
+    return ds.map(
+        lambda batch: {k: v for k, v in tokenizer(batch["text"], truncation=True, max_length=max_length).items() if k in keep},
+        batched=True,
+        remove_columns=["text"],
+    ).with_format(None)
+
+
+def _split(texts, labels, seed: int, val_fraction: float):
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)
+    n_val = int(len(order) * val_fraction)
+    val, train = order[:n_val], order[n_val:]
+    return ([texts[i] for i in train], [labels[i] for i in train]), ([texts[i] for i in val], [labels[i] for i in val])
+
+
+def _load_files(cfg) -> tuple[tuple[list, list], tuple[list, list], list[str]]:
+    from datasets import load_dataset
+
+    if cfg.name == "text_files":
+        files = {"train": cfg.train_path, "validation": cfg.val_path}
+        for split, p in files.items():
+            if not p or not Path(os.path.expanduser(p)).is_file():
+                raise ConfigError(f"data.{'train' if split == 'train' else 'val'}_path={p!r}: no such file")
+        ext = Path(cfg.train_path).suffix.lstrip(".")
+        builder = {"csv": "csv", "tsv": "csv", "jsonl": "json", "json": "json", "parquet": "parquet"}.get(ext)
+        if builder is None:
+            raise ConfigError(f"data.train_path={cfg.train_path}: use .csv, .tsv, .jsonl or .parquet")
+        kwargs = {"delimiter": "\t"} if ext == "tsv" else {}
+        ds = load_dataset(builder, data_files={k: os.path.expanduser(v) for k, v in files.items()}, **kwargs)
+    else:  # hf_hub
+        try:
+            ds = load_dataset(cfg.hub_name)
+        except Exception as e:  # offline, unknown name, ...
+            raise ConfigError(f"data.hub_name={cfg.hub_name}: could not load it from the hub ({type(e).__name__}: {e})") from e
+    val_split = next((s for s in ("validation", "test") if s in ds), None)
+    if "train" not in ds or val_split is None:
+        raise ConfigError(f"data: need a train and a validation/test split, found {list(ds)}")
+    for col in (cfg.text_column, cfg.label_column):
+        if col not in ds["train"].column_names:
+            raise ConfigError(f"data: column {col!r} not in {ds['train'].column_names} (data.text_column/label_column)")
+    raw_labels = sorted({str(x) for x in ds["train"][cfg.label_column] if x is not None and str(x).strip()})
+    index = {name: i for i, name in enumerate(raw_labels)}
+    out = []
+    for split in ("train", val_split):
+        texts, labels = [], []
+        for text, label in zip(ds[split][cfg.text_column], ds[split][cfg.label_column]):
+            if text is None or not str(text).strip() or label is None or str(label) not in index:
+                continue  # empty text, missing or unknown label: skipped (counted below)
+            texts.append(str(text))
+            labels.append(index[str(label)])
+        if len(texts) < len(ds[split]):
+            log.warning(
+                "data: skipped %d rows of %s with empty text or missing/unknown label",
+                len(ds[split]) - len(texts),
+                split,
+            )
+        out.append((texts, labels))
+    return out[0], out[1], raw_labels
+
+
+def build_text(cfg, tokenizer) -> DataBundle:
+    if cfg.name == "wordnet":
+        texts, labels = read_wordnet()
+        train, val = _split(texts, labels, seed=1234, val_fraction=cfg.val_fraction)
+        class_names = [WORDNET_TOPICS[k] for k in sorted(WORDNET_TOPICS)]
+    else:
+        train, val, class_names = _load_files(cfg)
+    datasets = [TokenizedText(_encode(tokenizer, t, cfg.max_length), lab) for t, lab in (train, val)]
+    return DataBundle(
+        train=datasets[0],
+        val=datasets[1],
+        train_eval=datasets[0],
+        num_classes=len(class_names),
+        in_channels=0,
+        image_size=cfg.max_length,
+        mean=[],
+        std=[],
+        class_names=class_names,
+        kind="text",
+        collate=PadCollate(tokenizer.pad_token_id or 0),
+    )

@@ -1,0 +1,149 @@
+"""Sliding-window attention against references, checkpointing, position extension, low rank."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from turbotrain.attention import apply_attention, extend_positions, sliding_window_attention
+from turbotrain.compression.lowrank import factorize
+from turbotrain.models.text import build_text_model
+
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def _qkv(b=2, h=2, n=37, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, n, d, generator=g) for _ in range(3))
+    keep = torch.ones(b, n, dtype=torch.bool)
+    keep[1, 29:] = False  # the second sequence is padded
+    return q, k, v, keep
+
+
+def naive_banded(q, k, v, keep, window, global_tokens=0):
+    """Dense n x n reference: the O(n^2) mask the kernel must never build."""
+    n = q.shape[2]
+    i = torch.arange(n)
+    allowed = (i[:, None] - i[None, :]).abs() <= window
+    allowed[:global_tokens, :] = True
+    allowed[:, :global_tokens] = True
+    allowed = allowed[None, None] & keep[:, None, None, :]
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
+    return (s.softmax(-1) @ v).transpose(1, 2)
+
+
+@pytest.mark.parametrize(("window", "block", "global_tokens"), [(4, 2, 0), (5, 3, 1), (3, 8, 2), (7, 7, 0)])
+def test_kernel_equals_naive_banded_reference(window, block, global_tokens):
+    q, k, v, keep = _qkv()
+    out = sliding_window_attention(q, k, v, keep, window=window, block=block, global_tokens=global_tokens)
+    ref = naive_banded(q, k, v, keep, window, global_tokens)
+    torch.testing.assert_close(out[0], ref[0], **TOL)
+    torch.testing.assert_close(out[1, :29], ref[1, :29], **TOL)  # padded queries' outputs are unused
+    full = naive_banded(q, k, v, keep, window=10**6)
+    assert (out[0] - full[0]).abs().max() > 1e-3  # a narrow window really differs from full attention
+
+
+def test_padding_is_never_attended():
+    q, k, v, keep = _qkv()
+    out = sliding_window_attention(q, k, v, keep, window=6, block=4, global_tokens=1)
+    k2, v2 = k.clone(), v.clone()
+    k2[1, :, 29:] = 1e3 * torch.randn_like(k2[1, :, 29:])
+    v2[1, :, 29:] = 1e3
+    out2 = sliding_window_attention(q, k2, v2, keep, window=6, block=4, global_tokens=1)
+    torch.testing.assert_close(out2[1, :29], out[1, :29], rtol=0, atol=0)
+
+
+def _bert(seed=0):
+    torch.manual_seed(seed)
+    model = build_text_model(OmegaConf.create({"name": "bert_tiny"}), 3, 128, vocab_size=1000)
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    return model
+
+
+def _attn(**kw):
+    base = {"name": "full", "implementation": "sdpa", "window": 8, "block": None, "global_tokens": 0}
+    return OmegaConf.create({**base, "checkpointing": False, "dropout": None, **kw})
+
+
+def _batch(n=50):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 1000, (3, n), generator=g)
+    mask = torch.ones(3, n, dtype=torch.long)
+    mask[2, 31:] = 0
+    return {"input_ids": ids, "attention_mask": mask}, torch.tensor([0, 1, 2])
+
+
+def _logits_and_grads(model, batch):
+    model.zero_grad()
+    inputs, y = batch
+    logits = model(**inputs).logits
+    nn.functional.cross_entropy(logits, y).backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_window_covering_the_sequence_equals_full_attention_logits_and_grads():
+    full, sliding = _bert(), _bert()
+    apply_attention(full, _attn())
+    apply_attention(sliding, _attn(name="sliding_window", window=64, block=16, global_tokens=1))
+    batch = _batch()
+    a_logits, a_grads = _logits_and_grads(full, batch)
+    b_logits, b_grads = _logits_and_grads(sliding, batch)
+    torch.testing.assert_close(b_logits, a_logits, **TOL)
+    for name, g in a_grads.items():
+        torch.testing.assert_close(b_grads[name], g, rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_model_with_narrow_window_matches_dense_banded_mask():
+    sliding = _bert()
+    apply_attention(sliding, _attn(name="sliding_window", window=4, block=4, global_tokens=0))
+    inputs, _ = _batch()
+    out = sliding(**inputs).logits
+    full = _bert()
+    apply_attention(full, _attn())
+    assert (out - full(**inputs).logits).abs().max() > 1e-4
+
+
+def test_checkpointing_gives_the_same_gradients():
+    plain, ckpt = _bert(), _bert()
+    apply_attention(plain, _attn())
+    apply_attention(ckpt, _attn(checkpointing=True))
+    plain.train(), ckpt.train()
+    batch = _batch()
+    _, a = _logits_and_grads(plain, batch)
+    _, b = _logits_and_grads(ckpt, batch)
+    for name, g in a.items():
+        torch.testing.assert_close(b[name], g, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_position_extension_keeps_short_inputs_unchanged():
+    model = _bert().eval()
+    inputs, _ = _batch(100)
+    before = model(**inputs).logits
+    assert extend_positions(model, 1024) == 512
+    torch.testing.assert_close(model(**inputs).logits, before, rtol=0, atol=0)
+    long = {"input_ids": torch.randint(5, 1000, (1, 1000)), "attention_mask": torch.ones(1, 1000, dtype=torch.long)}
+    assert model(**long).logits.shape == (1, 3)
+
+
+def test_full_rank_factorization_equals_original():
+    model = _bert().eval()
+    inputs, _ = _batch()
+    before = model(**inputs).logits
+    low = copy.deepcopy(model)
+    report = factorize(low, "embedding", rank=64, energy=None)  # 64 = hidden size: full rank
+    torch.testing.assert_close(low(**inputs).logits, before, rtol=1e-4, atol=1e-4)
+    assert report["ranks"] == {"bert.embeddings.word_embeddings": 64}
+
+
+def test_low_rank_cuts_embedding_params():
+    model = _bert()
+    emb_params = model.get_input_embeddings().weight.numel()
+    report = factorize(model, "embedding", rank=16, energy=None)
+    assert report["params_before"] - report["params_after"] > 0.7 * emb_params

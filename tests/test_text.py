@@ -1,0 +1,104 @@
+"""The text path end to end: WordNet topics, user files, sliding window, low rank, export."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import make_cfg, run_cli
+from turbotrain.checkpoint import load
+from turbotrain.config import ConfigError
+from turbotrain.data.text import WORDNET_TOPICS, read_wordnet
+from turbotrain.pipeline import train
+
+TEXT = (
+    "data=wordnet",
+    "model=bert_tiny",
+    "optim=adamw",
+    "optim.lr=2e-3",
+    "trainer.channels_last=false",
+    "trainer.progress_bar=false",
+    "trainer.limit_val_batches=20",
+)
+
+
+def test_wordnet_has_six_balanced_enough_topics():
+    texts, labels = read_wordnet()
+    counts = torch.bincount(torch.tensor(labels))
+    assert len(counts) == len(WORDNET_TOPICS) == 6 and len(texts) > 40_000
+    assert counts.min() > 0.3 * counts.max()
+
+
+def test_bert_tiny_learns_wordnet_topics(tmp_path):
+    best = train(make_cfg(*TEXT, "trainer.max_steps=150", "trainer.max_epochs=1"), tmp_path)
+    assert best > 0.4  # 6 topics: chance is ~0.2 for the largest class
+
+
+def test_sliding_window_run_with_extended_positions(tmp_path):
+    cfg = make_cfg(
+        *TEXT,
+        "attention=sliding_window",
+        "attention.window=16",
+        "attention.checkpointing=true",
+        "data.max_length=640",
+        "trainer.max_steps=5",
+        "trainer.max_epochs=1",
+    )
+    train(cfg, tmp_path)
+    ckpt = load(tmp_path / "checkpoints" / "last.pt")
+    assert ckpt["model"]["bert.embeddings.position_embeddings.weight"].shape[0] == 640
+
+
+def test_text_files_skip_bad_rows_and_export_int8(tmp_path):
+    train_csv, val_csv = tmp_path / "train.csv", tmp_path / "val.csv"
+    rows = ["text,label"] + [f"a story about {w} number {i},{w}" for i in range(40) for w in ("cats", "ships")]
+    train_csv.write_text("\n".join([*rows, ",cats", "no label here,", "odd one,dragons"]) + "\n")
+    val_csv.write_text("\n".join(rows[:21]) + "\n")
+    run = tmp_path / "run"
+    cfg = make_cfg(
+        *TEXT[1:],
+        "data=text_files",
+        f"data.train_path={train_csv}",
+        f"data.val_path={val_csv}",
+        "data.batch_size=16",
+        "sched.warmup_steps=0",
+        "trainer.max_epochs=10",
+    )
+    assert train(cfg, run) > 0.9
+    r = run_cli("export.py", "deploy=int8", f"run={run}", "deploy.latency_repeats=3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((run / "export" / "int8" / "report.json").read_text())
+    assert report["dtype"].startswith("int8 (dynamic") and report["method"].startswith("trace")
+    assert report["argmax_agreement"] >= 0.9 and report["input"]["dtype"] == "int64"
+    code = (
+        "import sys; sys.modules['turbotrain'] = None\n"
+        "import torch\n"
+        f"m = torch.jit.load({str(run / 'export' / 'int8' / 'model.pt')!r})\n"
+        "ids = torch.full((2, 128), 0); ids[:, 0] = 101; mask = torch.zeros(2, 128, dtype=torch.long); mask[:, :5] = 1\n"
+        "print(tuple(m(ids, mask).shape))\n"
+    )
+    p = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 0 and "(2, 3)" in p.stdout, p.stderr[-2000:]  # cats, dragons, ships
+
+
+def test_low_rank_run_round_trips_and_exports(tmp_path):
+    run = tmp_path / "run"
+    cfg = make_cfg(*TEXT, "compression=embed_lowrank", "compression.rank=16", "trainer.max_steps=20", "trainer.max_epochs=1")
+    train(cfg, run)
+    ckpt = load(run / "checkpoints" / "last.pt")
+    assert ckpt["arch"]["lowrank"] == {"bert.embeddings.word_embeddings": 16}
+    summary = json.loads((run / "summary.json").read_text())["compression"]
+    assert summary["params_after"] < summary["params_before"]
+    r = run_cli("export.py", "deploy=int8_dynamic", f"run={run}", "deploy.latency_repeats=3", "deploy.val_batches=2")
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_text_and_image_mismatch_is_clear(tmp_path):
+    with pytest.raises(ConfigError, match="pick a text model"):
+        train(make_cfg("data=wordnet", "model=small_cnn"), tmp_path)
+    with pytest.raises(ConfigError, match="transformer models"):
+        train(make_cfg("data=digits", "attention=sliding_window"), tmp_path)
