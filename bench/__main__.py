@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from bench import common, prune, train_speed
+from bench import attention, common, prune, train_speed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +25,7 @@ def make_cfg(*overrides: str):
 BENCHES = {
     "precision": lambda: train_speed.precision_channels_last(make_cfg),
     "prune": prune.run,  # needs two trained runs: see bench/prune.py
+    "attention": attention.run,
 }
 
 
