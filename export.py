@@ -6,8 +6,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from turbotrain.config import check_group_options, register_configs
-from turbotrain.errors import USER_ERRORS, report
+from turbotrain.config import register_configs
+from turbotrain.errors import USER_ERRORS, exit_on_unknown_option, report
 
 register_configs()
 
@@ -24,8 +24,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    problem = check_group_options(sys.argv[1:], Path(__file__).parent / "conf")
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
+    exit_on_unknown_option(sys.argv[1:], Path(__file__).parent / "conf")
     main()

@@ -7,9 +7,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from turbotrain.config import check_group_options, register_configs
+from turbotrain.config import register_configs
 from turbotrain.distributed import publish_run_dir, torchrun_argv
-from turbotrain.errors import OOM_HINT, USER_ERRORS, report
+from turbotrain.errors import OOM_HINT, USER_ERRORS, exit_on_unknown_option, report
 
 register_configs()
 
@@ -38,9 +38,6 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    problem = check_group_options(sys.argv[1:], Path(__file__).parent / "conf")
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
+    exit_on_unknown_option(sys.argv[1:], Path(__file__).parent / "conf")
     sys.argv = torchrun_argv(sys.argv)
     main()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from turbotrain.checkpoint import CheckpointError
-from turbotrain.config import ConfigError
+from turbotrain.config import ConfigError, check_group_options
 from turbotrain.data.safe import DataError
 from turbotrain.distributed import LaunchError
 
@@ -28,3 +28,11 @@ def one_line(error: BaseException) -> str:
 
 def report(error: BaseException) -> None:
     print(f"error: {one_line(error)}", file=sys.stderr)
+
+
+def exit_on_unknown_option(argv: list[str], conf_dir) -> None:
+    """Before Hydra starts: an unknown `group=option` ends the process with one line, exit 2."""
+    problem = check_group_options(argv, conf_dir)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)

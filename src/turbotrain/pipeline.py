@@ -26,7 +26,6 @@ from turbotrain.data import DataBundle, build_data
 from turbotrain.data.loader import EpochSampler, build_loader
 from turbotrain.loop import Diverged, TrainState, evaluate, train_one_epoch
 from turbotrain.models import build_for, build_tokenizer_for
-from turbotrain.models.text import model_path
 from turbotrain.optim import build_optimizer
 from turbotrain.precision import Precision, build_precision
 from turbotrain.preemption import Preempted, StopFlag, watch_signals
@@ -223,15 +222,17 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: St
         "mean": d.mean,
         "std": d.std,
         "class_names": d.class_names,
-        "conv_groups": prune.structure(p.model) if cfg.compression.name == "channel_prune" else None,
+        "conv_groups": prune.structure(p.model) or None,  # pruned shapes are read off the state dict
         "lowrank": lowrank.spec(p.model) or None,
     }
     if d.kind == "text":
+        from turbotrain.models.text import model_path as text_model_path  # transformers: text runs only
+
         arch.update(
             max_length=cfg.data.max_length,
             vocab_size=p.model.config.vocab_size,
             attention=OmegaConf.to_container(cfg.attention, resolve=True),
-            tokenizer=model_path(cfg.model),
+            tokenizer=text_model_path(cfg.model),
         )
     metrics: dict = {}
 

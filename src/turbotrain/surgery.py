@@ -11,7 +11,6 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from turbotrain import checkpoint as ckpt_io
-from turbotrain.attention import apply_attention
 from turbotrain.compression import apply_compression, prune
 from turbotrain.config import ConfigError
 from turbotrain.loop import TrainState, evaluate, forward, train_one_epoch
@@ -37,6 +36,8 @@ def apply_surgery(cfg, model: nn.Module, kind: str, train_loader, val_loader, re
     Compression is skipped when resuming (the checkpoint already has the compressed shapes;
     weight-pruning masks are re-applied)."""
     if kind == "text":
+        from turbotrain.attention import apply_attention  # transformers: text runs only
+
         changed = apply_attention(model, cfg.attention)
         log.info("attention: %s", changed)
         if cfg.compression.name == "channel_prune":
