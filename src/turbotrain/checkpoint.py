@@ -51,7 +51,8 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"checkpoint {path} is unreadable or corrupt ({type(e).__name__}: {e})") from e
+        detail = str(e).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]  # torch's advice is pages long
+        raise CheckpointError(f"checkpoint {path} is unreadable or corrupt ({type(e).__name__}: {detail})") from e
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT or "model" not in ckpt:
         raise CheckpointError(f"checkpoint {path} is not a turbotrain checkpoint (format {FORMAT})")
     return ckpt
