@@ -27,8 +27,57 @@ def test_required_groups_exist():
     assert required | supporting <= set(GROUPS)
 
 
+TEXT_OPTIONS = {
+    ("data", "wordnet"),
+    ("data", "text_files"),
+    ("data", "hf_hub"),
+    ("model", "minilm"),
+    ("model", "hf"),
+    ("model", "bert_tiny"),
+    ("attention", "sliding_window"),
+    ("compression", "embed_lowrank"),
+    ("experiment", "wordnet_minilm"),
+}
+
+
+def _text_option(group, option, tmp_path):
+    from turbotrain.attention import apply_attention
+    from turbotrain.compression.lowrank import factorize
+    from turbotrain.models import build_for, build_tokenizer_for
+    from turbotrain.models.text import model_path
+
+    overrides = [f"{group}={option}", "data.max_length=32"]
+    if group != "data" and group != "experiment":
+        overrides.append("data=wordnet")
+    if group != "model" and group != "experiment":
+        overrides.append("model=bert_tiny")
+    if (group, option) == ("data", "text_files"):
+        csv = tmp_path / "t.csv"
+        csv.write_text("text,label\nred apples,fruit\nold ships,boat\n")
+        overrides += [f"data.train_path={csv}", f"data.val_path={csv}"]
+    if (group, option) == ("model", "hf"):
+        overrides.append(f"model.path={model_path(make_cfg('model=minilm').model)}")
+    cfg = make_cfg(*overrides)
+    validate(cfg)
+    tokenizer = build_tokenizer_for(cfg.model, cfg.data.max_length)
+    if (group, option) == ("data", "hf_hub"):
+        with pytest.raises(ConfigError, match="data.hub_name"):  # offline here: a clear error
+            build_data(cfg.data, tokenizer)
+        return
+    data = build_data(cfg.data, tokenizer)
+    model = build_for(cfg.model, data, tokenizer, cfg.data.max_length)
+    apply_attention(model, cfg.attention)
+    if cfg.compression.name == "embed_lowrank":
+        factorize(model, cfg.compression.targets, cfg.compression.rank, cfg.compression.energy)
+    inputs, labels = data.collate([data.val[0], data.val[1]])
+    assert model(**inputs).logits.shape == (2, data.num_classes)
+
+
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes_and_instantiates(group, option, jpeg_tree, tmp_path):
+    if (group, option) in TEXT_OPTIONS:
+        _text_option(group, option, tmp_path)
+        return
     overrides = [f"{group}={option}", "data.batch_size=8"]
     if group == "data" and option == "imagenet":
         overrides.append(f"data.root={jpeg_tree}")
