@@ -136,7 +136,7 @@ def test_bad_files_with_error_policy_name_the_file(bad_tree, tmp_path):
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
-        ("model=resnet19", "allowed: efficientnet_b0, mobilenet_v3_small, resnet18"),
+        ("model=resnet19", "allowed: bert_tiny, efficientnet_b0, hf, minilm"),
         ("data.batch_size=lots", "data.batch_size"),
         ("optim.lr=-0.1", "optim.lr"),
         ("data.batch_size=0", "data.batch_size"),
