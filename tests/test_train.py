@@ -129,3 +129,16 @@ def test_scheduler_state_survives_weights_only_checkpoint(sched, tmp_path):
     cfg = make_cfg(*TINY, f"sched={sched}", "trainer.max_epochs=1", "trainer.limit_train_batches=4")
     train(cfg, tmp_path)
     assert load(tmp_path / "checkpoints" / "last.pt")["scheduler"] is not None
+
+
+def test_profiler_writes_trace_and_top_ops(tmp_path):
+    train(make_cfg(*TINY, "profiler=torch", "profiler.wait=1", "profiler.active=3", "trainer.max_epochs=1"), tmp_path)
+    out = tmp_path / "profiler"
+    assert json.loads((out / "trace.json").read_text())["traceEvents"]
+    assert "aten::" in (out / "top_ops.txt").read_text()
+    assert list((out / "tb").glob("*.pt.trace.json"))
+
+
+def test_no_profiler_no_files(tmp_path):
+    train(make_cfg(*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=3"), tmp_path)
+    assert not (tmp_path / "profiler").exists()

@@ -155,7 +155,12 @@ class LoggerConfig:
 
 @dataclass
 class ProfilerConfig:
-    name: str = "none"
+    name: str = "none"  # none | torch
+    wait: int = 5
+    warmup: int = 2
+    active: int = 5
+    record_shapes: bool = False
+    profile_memory: bool = True
 
 
 @dataclass
@@ -248,7 +253,7 @@ CHOICES = {
     "compression.importance": ("l1", "group_l1", "taylor"),
     "distributed.name": ("none", "ddp"),
     "distributed.backend": ("auto", "nccl", "gloo"),
-    "profiler.name": ("none",),
+    "profiler.name": ("none", "torch"),
 }
 
 POSITIVE = (

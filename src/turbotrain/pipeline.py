@@ -29,6 +29,7 @@ from turbotrain.models import build_for, build_tokenizer_for
 from turbotrain.optim import build_optimizer
 from turbotrain.precision import Precision, build_precision
 from turbotrain.preemption import Preempted, StopFlag, watch_signals
+from turbotrain.profiling import profiler
 from turbotrain.sched import build_scheduler
 from turbotrain.surgery import apply_surgery, initial_weights
 from turbotrain.tracking import Tracker, peak_mem_mb
@@ -180,8 +181,8 @@ def train(cfg, run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ())
         torch.set_num_threads(cfg.trainer.threads)
     info, device = dist.setup(cfg.distributed, cfg.trainer.device)
     try:
-        with watch_signals() as stop:
-            return _fit(cfg, run_dir, info, device, stop)
+        with watch_signals() as stop, profiler(cfg.profiler, run_dir, device, info.is_main) as profile_step:
+            return _fit(cfg, run_dir, info, device, stop, profile_step)
     except Diverged as e:
         last = run_dir / "checkpoints" / "last.pt"
         good = f"last good checkpoint: {last}" if last.is_file() else "no checkpoint was written yet"
@@ -193,7 +194,7 @@ def train(cfg, run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ())
         dist.teardown(info)
 
 
-def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: StopFlag) -> float:
+def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: StopFlag, profile_step=None) -> float:
     tc = cfg.trainer
     resume_path = resolve_resume(tc.resume, run_dir)
     ckpt = ckpt_io.load(resume_path) if resume_path is not None else None
@@ -253,6 +254,8 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: St
             )
 
     def on_step(s: TrainState) -> None:
+        if profile_step is not None:
+            profile_step()
         if stop.signum is not None:
             save("last")
             name = signal.Signals(stop.signum).name
