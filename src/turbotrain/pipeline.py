@@ -20,12 +20,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from turbotrain import checkpoint as ckpt_io
 from turbotrain import distributed as dist
-from turbotrain.compression import lowrank, prune
+from turbotrain.compression import prune
 from turbotrain.config import ConfigError, validate
 from turbotrain.data import DataBundle, build_data
 from turbotrain.data.loader import EpochSampler, build_loader
 from turbotrain.loop import Diverged, TrainState, evaluate, train_one_epoch
-from turbotrain.models import build_for, build_tokenizer_for
+from turbotrain.models import build_for, build_tokenizer_for, describe
 from turbotrain.optim import build_optimizer
 from turbotrain.precision import Precision, build_precision
 from turbotrain.preemption import Preempted, StopFlag, watch_signals
@@ -54,12 +54,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain module under DDP and/or torch.compile wrappers."""
-    model = getattr(model, "module", model)
-    return getattr(model, "_orig_mod", model)
 
 
 def count_flops(model: nn.Module, batch) -> int | None:
@@ -214,27 +208,7 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: St
     )
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     d = p.data
-    arch = {
-        "kind": d.kind,
-        "model": OmegaConf.to_container(cfg.model, resolve=True),
-        "num_classes": d.num_classes,
-        "in_channels": d.in_channels,
-        "image_size": d.image_size,
-        "mean": d.mean,
-        "std": d.std,
-        "class_names": d.class_names,
-        "conv_groups": prune.structure(p.model) or None,  # pruned shapes are read off the state dict
-        "lowrank": lowrank.spec(p.model) or None,
-    }
-    if d.kind == "text":
-        from turbotrain.models.text import model_path as text_model_path  # transformers: text runs only
-
-        arch.update(
-            max_length=cfg.data.max_length,
-            vocab_size=p.model.config.vocab_size,
-            attention=OmegaConf.to_container(cfg.attention, resolve=True),
-            tokenizer=text_model_path(cfg.model),
-        )
+    arch = describe(cfg, d, p.model)
     metrics: dict = {}
 
     def save(name: str) -> None:

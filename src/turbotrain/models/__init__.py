@@ -12,7 +12,7 @@ from turbotrain.checkpoint import load_model_state
 from turbotrain.compression.prune import rebuild
 from turbotrain.models.vision import build_model
 
-__all__ = ["build_model", "build_for", "build_tokenizer_for", "from_checkpoint", "load_weights"]
+__all__ = ["build_model", "build_for", "build_tokenizer_for", "describe", "from_checkpoint", "load_weights"]
 TEXT_MODELS = ("minilm", "hf", "bert_tiny")
 
 
@@ -31,6 +31,34 @@ def build_for(model_cfg, data, tokenizer, max_length: int) -> nn.Module:
 
         return build_text_model(model_cfg, data.num_classes, max_length, len(tokenizer))
     return build_model(model_cfg, data.num_classes, data.in_channels)
+
+
+def describe(cfg, data, model: nn.Module) -> dict:
+    """What a checkpoint needs to rebuild `model` without the run's code paths: plain values only."""
+    from turbotrain.compression import lowrank, prune
+
+    arch = {
+        "kind": data.kind,
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "num_classes": data.num_classes,
+        "in_channels": data.in_channels,
+        "image_size": data.image_size,
+        "mean": data.mean,
+        "std": data.std,
+        "class_names": data.class_names,
+        "conv_groups": prune.structure(model) or None,  # pruned shapes are read off the state dict
+        "lowrank": lowrank.spec(model) or None,
+    }
+    if data.kind == "text":
+        from turbotrain.models.text import model_path  # transformers: text runs only
+
+        arch.update(
+            max_length=cfg.data.max_length,
+            vocab_size=model.config.vocab_size,
+            attention=OmegaConf.to_container(cfg.attention, resolve=True),
+            tokenizer=model_path(cfg.model),
+        )
+    return arch
 
 
 def load_weights(model: nn.Module, ckpt: dict, path: str | Path) -> None:
