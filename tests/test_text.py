@@ -102,3 +102,15 @@ def test_text_and_image_mismatch_is_clear(tmp_path):
         train(make_cfg("data=wordnet", "model=small_cnn"), tmp_path)
     with pytest.raises(ConfigError, match="transformer models"):
         train(make_cfg("data=digits", "attention=sliding_window"), tmp_path)
+
+
+def test_non_utf8_bytes_are_replaced_or_named(tmp_path):
+    from turbotrain.data.safe import DataError
+
+    bad = tmp_path / "train.csv"
+    bad.write_bytes(b"text,label\nplain words,a\nbroken \xff\xfe bytes,b\nmore words,a\nother,b\n")
+    common = ("data=text_files", f"data.train_path={bad}", f"data.val_path={bad}", "model=bert_tiny")
+    cfg = make_cfg(*common, "trainer.max_steps=1", "trainer.max_epochs=1", "trainer.progress_bar=false", "data.batch_size=2")
+    assert train(cfg, tmp_path / "skip") >= 0.0
+    with pytest.raises(DataError, match="train.csv"):
+        train(make_cfg(*common, "data.on_bad_sample=error"), tmp_path / "error")

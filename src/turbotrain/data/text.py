@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from turbotrain.config import ConfigError
+from turbotrain.data.safe import DataError
 from turbotrain.data.vision import DataBundle
 
 log = logging.getLogger("turbotrain")
@@ -112,7 +113,16 @@ def _load_files(cfg) -> tuple[tuple[list, list], tuple[list, list], list[str]]:
         if builder is None:
             raise ConfigError(f"data.train_path={cfg.train_path}: use .csv, .tsv, .jsonl or .parquet")
         kwargs = {"delimiter": "\t"} if ext == "tsv" else {}
-        ds = load_dataset(builder, data_files={k: os.path.expanduser(v) for k, v in files.items()}, **kwargs)
+        if builder != "parquet":  # undecodable bytes: U+FFFD when skipping bad samples, else an error
+            kwargs["encoding_errors"] = "replace" if cfg.on_bad_sample == "skip" else "strict"
+        try:
+            ds = load_dataset(builder, data_files={k: os.path.expanduser(v) for k, v in files.items()}, **kwargs)
+        except Exception as e:  # datasets wraps decoding errors in its own types
+            cause = e.__cause__ or e.__context__ or e
+            raise DataError(
+                f"data.train_path/val_path: cannot read {cfg.train_path} / {cfg.val_path} "
+                f"({type(cause).__name__}: {str(cause).splitlines()[0][:200]}); data.on_bad_sample=skip replaces bad bytes"
+            ) from e
     else:  # hf_hub
         try:
             ds = load_dataset(cfg.hub_name)
