@@ -129,3 +129,25 @@ def test_no_weight_decay_on_norm_and_bias():
     assert decay["weight_decay"] > 0 and no_decay["weight_decay"] == 0
     assert {p.ndim for p in decay["params"]} == {2, 4}
     assert {p.ndim for p in no_decay["params"]} == {1}
+
+
+def test_dynamic_and_progressive_resolution():
+    from turbotrain.data.resolution import Resolution
+
+    cfg = make_cfg("data.resolution=dynamic", "data.resolution_step=8").data
+    dyn = Resolution(cfg, nominal=64, total_steps=100, seed=0)
+    sizes = {dyn.size(k) for k in range(50)}
+    assert len(sizes) > 2 and all(s % 8 == 0 and 48 <= s <= 80 for s in sizes)
+    assert [dyn.size(k) for k in range(10)] == [Resolution(cfg, 64, 100, 0).size(k) for k in range(10)]  # resumable
+    x = torch.randn(2, 3, 64, 64)
+    assert dyn(x, 3).shape[-1] == dyn.size(3)
+    prog = Resolution(make_cfg("data.resolution=progressive", "data.resolution_step=8").data, 64, 100, 0)
+    assert prog.size(0) == 32 and prog.size(40) < prog.size(60) and prog.size(80) == prog.size(99) == 64
+
+
+def test_dynamic_resolution_run_evaluates_at_nominal_size(tmp_path):
+    from conftest import TINY
+    from turbotrain.pipeline import train
+
+    cfg = make_cfg(*TINY, "data.image_size=16", "data.resolution=dynamic", "data.resolution_step=4", "trainer.max_epochs=2")
+    assert train(cfg, tmp_path) > 0.3

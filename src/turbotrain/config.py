@@ -26,7 +26,11 @@ class DataConfig:
     batch_size: int = 128
     eval_batch_size: int | None = None
     image_size: int | None = None  # None: the dataset's native size
-    resolution: str = "fixed"
+    resolution: str = "fixed"  # fixed | dynamic | progressive (training only; eval stays nominal)
+    resolution_scale: list[float] = field(default_factory=lambda: [0.8, 1.2])  # dynamic: random scale range
+    resolution_step: int = 32  # sizes are multiples of this
+    progressive_start: float = 0.5  # progressive: scale at step 0
+    progressive_until: float = 0.8  # progressive: full size from this fraction of training on
     on_bad_sample: str = "skip"  # skip (count + warn, naming files) | error
     augment: list[Any] = field(default_factory=list)
     mean: list[float] | None = None
@@ -237,7 +241,7 @@ class ConfigError(ValueError):
 
 
 CHOICES = {
-    "data.resolution": ("fixed",),
+    "data.resolution": ("fixed", "dynamic", "progressive"),
     "data.on_bad_sample": ("skip", "error"),
     "trainer.on_nan": ("skip", "stop"),
     "precision.name": ("fp32", "amp", "bf16", "fp16"),

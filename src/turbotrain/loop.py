@@ -150,6 +150,7 @@ def train_one_epoch(
     batches_in_epoch: int,
     on_step: Callable[[TrainState], None] | None = None,
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    resize: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
 ) -> dict:
     """One pass over `loader`, which starts at micro-batch `state.batch_in_epoch` of an
     epoch of `batches_in_epoch` micro-batches. Accumulation groups are fixed by position
@@ -181,6 +182,8 @@ def train_one_epoch(
         if trainer_cfg.accum_bn == "freeze" and state.global_step >= trainer_cfg.accum_bn_warmup_steps:
             freeze_bn(model)
         inputs, target = to_device(batch, device, trainer_cfg.channels_last)
+        if resize is not None:
+            inputs = resize(inputs, state.global_step)
         if len(batch) > 2:
             state.bad_samples += int(batch[2])
         sync = contextlib.nullcontext() if last_in_group or not hasattr(model, "no_sync") else model.no_sync()

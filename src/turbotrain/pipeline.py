@@ -24,6 +24,7 @@ from turbotrain.compression import prune
 from turbotrain.config import ConfigError, validate
 from turbotrain.data import DataBundle, build_data
 from turbotrain.data.loader import EpochSampler, build_loader
+from turbotrain.data.resolution import Resolution
 from turbotrain.loop import Diverged, TrainState, evaluate, train_one_epoch
 from turbotrain.models import build_for, build_tokenizer_for, describe
 from turbotrain.optim import build_optimizer
@@ -98,6 +99,7 @@ class Parts:
     params: int
     flops: int | None
     compression: dict | None  # what apply_compression changed and measured
+    resize: Resolution | None  # per-batch training resolution (images)
 
 
 def build(
@@ -159,6 +161,9 @@ def build(
         params,
         flops,
         compression,
+        Resolution(cfg.data, data.image_size, total_steps, tc.seed)
+        if data.kind == "image" and cfg.data.resolution != "fixed"
+        else None,
     )
 
 
@@ -272,6 +277,7 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: St
             batches_in_epoch=p.batches_in_epoch,
             on_step=on_step,
             reduce=reduce,
+            resize=p.resize,
         )
         session += torch.tensor([stats["samples"] * info.world_size, stats["time_s"], stats["wait_s"]])
         balance = dist.gather_floats([peak_mem_mb(device), stats["time_s"]], device)
