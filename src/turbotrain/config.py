@@ -143,6 +143,8 @@ class SchedConfig:
 class LoaderConfig:
     name: str = "default"
     num_workers: int = 0
+    auto_workers: bool = False  # measure auto_candidates at start and keep the fastest
+    auto_candidates: list[int] = field(default_factory=lambda: [0, 1, 2, 4])
     pin_memory: bool | None = None  # None: when training on CUDA
     persistent_workers: bool = True
     prefetch_factor: int | None = None

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from turbotrain.precision import Precision
-from turbotrain.tracking import Tracker, peak_mem_mb
+from turbotrain.tracking import Tracker, gpu_util, peak_mem_mb
 
 
 @dataclass
@@ -227,6 +227,7 @@ def train_one_epoch(
                 "samples_per_s": samples_interval / elapsed,
                 "data_wait_frac": wait_interval / elapsed,
                 "peak_mem_mb": peak_mem_mb(device),
+                "gpu_util": gpu_util(device),
                 "skipped_steps": state.skipped_steps,
             }
             tracker.log(**event)

@@ -23,7 +23,7 @@ from turbotrain import distributed as dist
 from turbotrain.compression import prune
 from turbotrain.config import ConfigError, validate
 from turbotrain.data import DataBundle, build_data
-from turbotrain.data.loader import EpochSampler, build_loader
+from turbotrain.data.loader import EpochSampler, build_loader, pick_num_workers
 from turbotrain.data.resolution import Resolution
 from turbotrain.loop import Diverged, TrainState, evaluate, train_one_epoch
 from turbotrain.models import build_for, build_tokenizer_for, describe
@@ -113,7 +113,14 @@ def build(
     initial_weights(model, cfg, resume_ckpt, resume_path)
     sampler = EpochSampler(len(data.train), tc.seed, rank=info.rank, world_size=info.world_size)
     loader_rng = torch.Generator()
-    common = {"loader_cfg": cfg.loader, "device": device, "collate_fn": data.collate}
+    loader_cfg = cfg.loader
+    if loader_cfg.auto_workers:
+        workers, table = pick_num_workers(
+            data.train, batch_size=cfg.data.batch_size, collate_fn=data.collate, candidates=loader_cfg.auto_candidates
+        )
+        log.info("loader.auto_workers: samples/s by num_workers %s -> %d", {k: round(v) for k, v in table.items()}, workers)
+        loader_cfg = OmegaConf.merge(loader_cfg, {"num_workers": workers})
+    common = {"loader_cfg": loader_cfg, "device": device, "collate_fn": data.collate}
     train_loader = build_loader(
         data.train, batch_size=cfg.data.batch_size, sampler=sampler, train=True, generator=loader_rng, **common
     )
@@ -179,6 +186,8 @@ def train(cfg, run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ())
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     info, device = dist.setup(cfg.distributed, cfg.trainer.device)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed shapes per run: let cuDNN pick its fastest kernels
     try:
         with watch_signals() as stop, profiler(cfg.profiler, run_dir, device, info.is_main) as profile_step:
             return _fit(cfg, run_dir, info, device, stop, profile_step)

@@ -41,6 +41,17 @@ def peak_mem_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
+def gpu_util(device: torch.device) -> float | None:
+    """CUDA: the GPU's utilization (%) over the driver's last sample period (needs pynvml);
+    None on CPU, where data_wait_frac is the analogue."""
+    if device.type != "cuda":
+        return None
+    try:
+        return float(torch.cuda.utilization(device))
+    except Exception:  # pynvml missing or the driver refuses: report nothing rather than fail
+        return None
+
+
 def _clean(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         value = value.item()
