@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from bench import attention, common, prune, train_speed
+from bench import attention, common, overhead, prune, train_speed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,6 +26,7 @@ BENCHES = {
     "precision": lambda: train_speed.precision_channels_last(make_cfg),
     "prune": prune.run,  # needs two trained runs: see bench/prune.py
     "attention": attention.run,
+    "overhead": overhead.run,
 }
 
 

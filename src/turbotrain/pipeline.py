@@ -33,7 +33,7 @@ from turbotrain.preemption import Preempted, StopFlag, watch_signals
 from turbotrain.profiling import profiler
 from turbotrain.sched import build_scheduler
 from turbotrain.surgery import apply_surgery, initial_weights
-from turbotrain.tracking import Tracker, peak_mem_mb
+from turbotrain.tracking import Tracker, peak_mem_mb, process_age_s
 
 log = logging.getLogger("turbotrain")
 
@@ -241,7 +241,11 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: St
                 run_dir / "checkpoints" / f"{name}.pt",
             )
 
+    first_step: list[float] = []  # process age at the first optimizer step (start-up cost)
+
     def on_step(s: TrainState) -> None:
+        if not first_step:
+            first_step.append(process_age_s())
         if profile_step is not None:
             profile_step()
         if stop.signum is not None:
@@ -345,6 +349,7 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: St
             "samples_per_s": samples / seconds if seconds else None,
             "data_wait_frac": wait / seconds if seconds else None,
             "peak_mem_mb": peak_mem_mb(device),
+            "time_to_first_step_s": first_step[0] if first_step else None,
             "params": p.params,
             "flops": p.flops,
             "device": str(device),

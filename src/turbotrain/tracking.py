@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import resource
 import sys
 import time
@@ -39,6 +40,13 @@ def peak_mem_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux /proc), imports included: start-up cost."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+    return time.time() - (boot + int(fields[19]) / os.sysconf("SC_CLK_TCK"))
 
 
 def gpu_util(device: torch.device) -> float | None:

@@ -1,0 +1,45 @@
+"""The reference for pipeline overhead: a minimal hand-written PyTorch loop (what a user would write),
+same model, precision and threads as the turbotrain run it is compared with. Prints one JSON line."""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torchvision
+
+
+def process_age_s() -> float:  # as turbotrain.tracking's, without importing the project
+    stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    boot = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines() if x.startswith("btime"))
+    return time.time() - (boot + int(stat[19]) / os.sysconf("SC_CLK_TCK"))
+
+
+steps, batch, size = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+torch.manual_seed(0)
+x = torch.rand(batch * 16, 3, size, size)
+x = (x - 0.5) / 0.29
+y = torch.randint(0, 10, (batch * 16,))
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch, shuffle=True, drop_last=True)
+model = torchvision.models.resnet18(num_classes=10)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+times, first = [], None
+done = 0
+while done < steps:
+    for xb, yb in loader:
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(xb).float(), yb)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        done += 1
+        if first is None:
+            first = process_age_s()
+        times.append(time.perf_counter() - t0)
+        if done >= steps:
+            break
+steady = times[len(times) // 4 :]
+print(json.dumps({"first_step_s": first, "samples_per_s": batch * len(steady) / sum(steady)}))
