@@ -88,7 +88,7 @@ def test_option_composes_and_instantiates(group, option, jpeg_tree, tmp_path):
     data_cfg = cfg.data if group == "data" else make_cfg("data=synthetic", "data.num_samples=64").data
     data = build_data(data_cfg)
     image, label = data.train[0]
-    assert image.dtype == torch.float32 and image.shape[0] == data.in_channels
+    assert image.shape[0] == data.in_channels
     model = build_model(cfg.model, data.num_classes, data.in_channels)
     model.eval()
     size = max(32, data.image_size)
@@ -109,9 +109,10 @@ def test_option_composes_and_instantiates(group, option, jpeg_tree, tmp_path):
         loader_cfg=cfg.loader,
         device=torch.device("cpu"),
         train=True,
+        collate_fn=data.collate,
     )
-    x, y = next(iter(loader))
-    assert x.shape[0] == 4 and y.shape == (4,)
+    x, y, *_ = next(iter(loader))
+    assert x.shape[0] == 4 and y.shape == (4,) and x.dtype == torch.float32
     tracker = Tracker(tmp_path, enabled=True, logger_cfg=cfg.logger, config={})
     tracker.log(step=0, split="train", loss=1.0)
     tracker.close()

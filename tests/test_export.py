@@ -35,7 +35,7 @@ def _eager_and_val(run):
     model = build_model(OmegaConf.create(arch["model"]), arch["num_classes"], arch["in_channels"])
     model.load_state_dict(ckpt["model"])
     data = build_data(OmegaConf.create(ckpt["config"]).data)
-    x = torch.stack([data.val[i][0] for i in range(len(data.val))])
+    x = data.collate([data.val[i] for i in range(len(data.val))])[0]
     return model.eval(), x
 
 

@@ -42,5 +42,6 @@ def to_float(mean: Sequence[float], std: Sequence[float]) -> list[v2.Transform]:
     return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
 
 
-def compose(ops: Sequence[v2.Transform]) -> v2.Compose:
-    return v2.Compose(list(ops))
+def compose(ops: Sequence[v2.Transform]) -> v2.Transform:
+    ops = list(ops)
+    return v2.Compose(ops) if ops else v2.Identity()
