@@ -35,8 +35,8 @@ def state_dict_mb(model: nn.Module) -> float:
 
 
 def reload(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
-    """Save and load back, in memory: a module fresh from conversion can run far slower (we saw
-    ~100x for quantized ResNet18) than the same module loaded from its file, which is what ships."""
+    """Save and load back, in memory: candidates are timed as they will ship, as loaded from a
+    file with a fresh executor state."""
     buf = io.BytesIO()
     torch.jit.save(module, buf)
     buf.seek(0)
