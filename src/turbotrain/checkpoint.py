@@ -44,6 +44,14 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             tmp.unlink()
 
 
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """The same guarantee for small text files (summary, report, run-dir handshake)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     path = Path(path)
     if not path.is_file():

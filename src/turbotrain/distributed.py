@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from turbotrain.checkpoint import atomic_write_text
+
 log = logging.getLogger("turbotrain")
 HANDSHAKE_DIR = Path("outputs/.torchrun")
 SELF_LAUNCHED = "TURBOTRAIN_DDP_LAUNCHED"
@@ -172,6 +174,4 @@ def publish_run_dir(run_dir: Path) -> None:
     if not run_id or not in_worker_env() or int(os.environ["RANK"]) != 0 or os.environ.get(SELF_LAUNCHED):
         return
     HANDSHAKE_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = HANDSHAKE_DIR / f".{run_id}.tmp"
-    tmp.write_text(str(Path(run_dir).resolve()))
-    os.replace(tmp, HANDSHAKE_DIR / run_id)
+    atomic_write_text(HANDSHAKE_DIR / run_id, str(Path(run_dir).resolve()))

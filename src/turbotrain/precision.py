@@ -27,6 +27,9 @@ class Precision:
         return torch.autocast(self.device_type, dtype=self.dtype)
 
 
+FP32_CPU = Precision("fp32", "cpu", None, None)  # reference evaluations (export, compression)
+
+
 def build_precision(precision_cfg, device: torch.device) -> Precision:
     name = precision_cfg.name
     if device.type == "cuda" and precision_cfg.tf32:

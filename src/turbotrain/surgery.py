@@ -16,7 +16,7 @@ from turbotrain.config import ConfigError
 from turbotrain.loop import TrainState, evaluate, forward, train_one_epoch
 from turbotrain.models import load_weights
 from turbotrain.optim import build_optimizer
-from turbotrain.precision import build_precision
+from turbotrain.precision import FP32_CPU
 from turbotrain.tracking import Tracker
 
 log = logging.getLogger("turbotrain")
@@ -50,10 +50,7 @@ def apply_surgery(cfg, model: nn.Module, kind: str, train_loader, val_loader, re
         if cfg.compression.name == "weight_prune":
             prune.weight_prune(model, cfg.compression.sparsity)
         return None
-    cpu, fp32 = (
-        torch.device("cpu"),
-        build_precision(OmegaConf.create({"name": "fp32", "tf32": False}), torch.device("cpu")),
-    )
+    cpu, fp32 = torch.device("cpu"), FP32_CPU
 
     def acc(m: nn.Module) -> float:
         return evaluate(m, val_loader, device=cpu, precision=fp32, max_batches=cfg.trainer.limit_val_batches)["acc1"]

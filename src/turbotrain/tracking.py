@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from turbotrain.checkpoint import atomic_write_text
+
 log = logging.getLogger("turbotrain")
 
 METRIC_KEYS = (
@@ -118,9 +120,7 @@ class Tracker:
         if not self.enabled:
             return
         summary = {k: _clean(v) for k, v in summary.items()}
-        tmp = self.run_dir / ".summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        tmp.replace(self.run_dir / "summary.json")
+        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         if self._wandb is not None:
             self._wandb.summary.update({k: v for k, v in summary.items() if isinstance(v, int | float)})
 

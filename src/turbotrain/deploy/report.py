@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 
+from turbotrain.checkpoint import atomic_write_text
 from turbotrain.deploy.quantize import BACKEND
 from turbotrain.deploy.script import KeywordInputs, interleaved_latency_ms
 from turbotrain.loop import evaluate
-from turbotrain.precision import Precision
+from turbotrain.precision import FP32_CPU as FP32
 
 CPU = torch.device("cpu")
-FP32 = Precision("fp32", "cpu", None, None)
 
 
 def logits_agreement(artifact, reference: torch.nn.Module, args: tuple) -> dict:
@@ -94,9 +93,7 @@ def _figures(r: dict) -> str:
 
 def write(export_dir: Path, report: dict) -> None:
     export_dir.mkdir(parents=True, exist_ok=True)
-    tmp = export_dir / ".report.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, export_dir / "report.json")
+    atomic_write_text(export_dir / "report.json", json.dumps(report, indent=2) + "\n")
     spec = report["input"]
     (export_dir / "README.txt").write_text(
         f"""turbotrain export: {report["deploy"]} ({report["format"]}, {report["dtype"]})
