@@ -8,7 +8,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from conftest import CONF, make_cfg
-from turbotrain.config import ConfigError, validate
+from turbotrain.config import ConfigError
 from turbotrain.data import build_data
 from turbotrain.data.loader import EpochSampler, build_loader
 from turbotrain.models import build_model
@@ -16,6 +16,7 @@ from turbotrain.optim import build_optimizer
 from turbotrain.precision import build_precision
 from turbotrain.sched import build_scheduler
 from turbotrain.tracking import Tracker
+from turbotrain.validation import validate
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]

@@ -3,13 +3,13 @@
 `conf/train.yaml` starts its defaults list with `train_schema`, so every group
 option is merged onto these dataclasses: a misspelt key or a wrong type fails
 at compose time with Hydra's own message. Values whose allowed set is closed
-(names of options) are checked by `validate`, which names the key and the
-allowed values in one line.
+(names of options) are checked by `validation.validate`, which names the key
+and the allowed values in one line.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,9 @@ class DeployConfig:
     val_batches: int | None = None
     latency_repeats: int = 30
     threads: int | None = None
+    autotune: bool = False  # time each setting in autotune_knobs for a few steps, keep the fastest
+    autotune_knobs: list[str] = field(default_factory=lambda: ["channels_last", "compile", "num_workers"])
+    autotune_steps: int = 8  # timed steps per setting (after 2 warm-up steps)
 
 
 @dataclass
@@ -190,6 +193,9 @@ class TrainerConfig:
     on_nan: str = "skip"  # non-finite loss: skip the step | stop the run
     nan_patience: int = 20  # consecutive skipped steps before the run counts as diverged
     threads: int | None = None
+    autotune: bool = False  # time each setting in autotune_knobs for a few steps, keep the fastest
+    autotune_knobs: list[str] = field(default_factory=lambda: ["channels_last", "compile", "num_workers"])
+    autotune_steps: int = 8  # timed steps per setting (after 2 warm-up steps)
 
 
 @dataclass
@@ -240,84 +246,3 @@ def register_configs() -> None:
 
 class ConfigError(ValueError):
     """A config value is outside what the pipeline supports; the message names the key."""
-
-
-CHOICES = {
-    "data.resolution": ("fixed", "dynamic", "progressive"),
-    "data.on_bad_sample": ("skip", "error"),
-    "trainer.on_nan": ("skip", "stop"),
-    "precision.name": ("fp32", "amp", "bf16", "fp16"),
-    "optim.name": ("sgd", "adam", "adamw", "rmsprop", "adagrad"),
-    "sched.name": ("none", "cosine", "cyclic", "onecycle", "step"),
-    "trainer.accum_bn": ("none", "freeze"),
-    "logger.name": ("none", "wandb"),
-    "logger.mode": ("offline", "online", "disabled"),
-    "attention.name": ("full", "sliding_window"),
-    "attention.implementation": ("sdpa", "eager"),
-    "compression.name": ("none", "channel_prune", "weight_prune", "embed_lowrank"),
-    "compression.targets": ("embedding", "linear", "both"),
-    "compression.importance": ("l1", "group_l1", "taylor"),
-    "distributed.name": ("none", "ddp"),
-    "distributed.backend": ("auto", "nccl", "gloo"),
-    "profiler.name": ("none", "torch"),
-}
-
-POSITIVE = (
-    "data.batch_size",
-    "optim.lr",
-    "trainer.grad_accum_steps",
-    "trainer.max_epochs",
-    "trainer.log_every_n_steps",
-    "distributed.nproc",
-    "compression.steps",
-    "distributed.timeout_s",
-)
-
-
-OPEN_UNIT = (  # must lie strictly between 0 and 1 when set
-    "compression.flops_reduction",
-    "compression.channel_ratio",
-    "compression.sparsity",
-    "compression.energy",
-    "data.val_fraction",
-)
-
-
-def _get(cfg: Any, dotted: str) -> Any:
-    node = cfg
-    for part in dotted.split("."):
-        node = node[part]
-    return node
-
-
-def _check_known_keys(cfg: Any, schema: type) -> None:
-    # Hydra's `+key=value` appends even to structured configs: catch misspelt ones here.
-    for f in fields(schema):
-        section = cfg.get(f.name)
-        if section is None or not hasattr(section, "keys"):
-            continue
-        known = {g.name for g in fields(f.default_factory)}
-        unknown = sorted(set(section.keys()) - known)
-        if unknown:
-            raise ConfigError(f"unknown key {f.name}.{unknown[0]}; known keys: {', '.join(sorted(known))}")
-
-
-def validate(cfg: Any) -> None:
-    """Raise ConfigError naming the first key whose value the pipeline cannot use."""
-    _check_known_keys(cfg, TrainConfig)
-    for key, allowed in CHOICES.items():
-        value = _get(cfg, key)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r} is not supported; allowed: {', '.join(allowed)}")
-    for key in POSITIVE:
-        value = _get(cfg, key)
-        if value is None or value <= 0:
-            raise ConfigError(f"{key}={value!r} must be > 0")
-    for key in OPEN_UNIT:
-        value = _get(cfg, key)
-        if value is not None and not 0 < value < 1:
-            raise ConfigError(f"{key}={value!r} must be between 0 and 1 (exclusive)")
-    for key in ("trainer.max_steps", "trainer.limit_train_batches", "trainer.limit_val_batches"):
-        value = _get(cfg, key)
-        if value is not None and value <= 0:
-            raise ConfigError(f"{key}={value!r} must be > 0 or null")

@@ -54,7 +54,7 @@ def in_worker_env() -> bool:
 
 def setup(dist_cfg, device_name: str) -> tuple[DistInfo, torch.device]:
     """Join the process group (when launched as a worker) and pick this rank's device."""
-    from turbotrain.pipeline import pick_device  # device rules live with the pipeline
+    from turbotrain.build import pick_device  # device rules live with the build step
 
     device = pick_device(device_name)
     if dist_cfg.name != "ddp" or not in_worker_env():

@@ -4,36 +4,25 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from omegaconf import OmegaConf
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.flop_counter import FlopCounterMode
 
 from turbotrain import checkpoint as ckpt_io
 from turbotrain import distributed as dist
+from turbotrain.build import Parts, build
 from turbotrain.compression import prune
-from turbotrain.config import ConfigError, validate
-from turbotrain.data import DataBundle, build_data
-from turbotrain.data.loader import EpochSampler, build_loader, pick_num_workers
-from turbotrain.data.resolution import Resolution
 from turbotrain.loop import Diverged, TrainState, evaluate, train_one_epoch
-from turbotrain.models import build_for, build_tokenizer_for, describe
-from turbotrain.optim import build_optimizer
-from turbotrain.precision import Precision, build_precision
+from turbotrain.models import describe
 from turbotrain.preemption import Preempted, StopFlag, watch_signals
 from turbotrain.profiling import profiler
-from turbotrain.sched import build_scheduler
-from turbotrain.surgery import apply_surgery, initial_weights
 from turbotrain.tracking import Tracker, peak_mem_mb, process_age_s
+from turbotrain.validation import validate
 
 log = logging.getLogger("turbotrain")
 
@@ -42,33 +31,10 @@ class TrainingError(RuntimeError):
     """Training cannot go on (diverged); the message says where the last good checkpoint is."""
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"trainer.device={name}: CUDA is not available here; use auto or cpu")
-    return device
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def count_flops(model: nn.Module, batch) -> int | None:
-    """Forward FLOPs of a batch of one (torch's own counter; None where it cannot run)."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(**batch) if isinstance(batch, dict) else model(batch)
-        return int(counter.get_total_flops())
-    except Exception:  # exotic ops: FLOPs are informative only
-        return None
-    finally:
-        model.train(was_training)
 
 
 def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
@@ -81,97 +47,6 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
         log.info("trainer.resume=auto: no %s yet, starting fresh", last)
         return None
     return Path(resume).expanduser()
-
-
-@dataclass
-class Parts:
-    data: DataBundle
-    model: nn.Module  # the plain model (checkpoints, FLOPs)
-    train_model: nn.Module  # what runs the steps: possibly compiled and DDP-wrapped
-    precision: Precision
-    sampler: EpochSampler
-    loader_rng: torch.Generator
-    train_loader: torch.utils.data.DataLoader
-    val_loader: torch.utils.data.DataLoader
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    batches_in_epoch: int
-    params: int
-    flops: int | None
-    compression: dict | None  # what apply_compression changed and measured
-    resize: Resolution | None  # per-batch training resolution (images)
-
-
-def build(
-    cfg, info: dist.DistInfo, device: torch.device, resume_ckpt: dict | None = None, resume_path: Path | None = None
-) -> Parts:
-    """Steps 2-4: data, model (+ surgery), device placement, optimizer and scheduler."""
-    tc = cfg.trainer
-    tokenizer = build_tokenizer_for(cfg.model, cfg.data.max_length)
-    data = build_data(cfg.data, tokenizer)
-    model = build_for(cfg.model, data, tokenizer, cfg.data.max_length)
-    initial_weights(model, cfg, resume_ckpt, resume_path)
-    sampler = EpochSampler(len(data.train), tc.seed, rank=info.rank, world_size=info.world_size)
-    loader_rng = torch.Generator()
-    loader_cfg = cfg.loader
-    if loader_cfg.auto_workers:
-        workers, table = pick_num_workers(
-            data.train, batch_size=cfg.data.batch_size, collate_fn=data.collate, candidates=loader_cfg.auto_candidates
-        )
-        log.info("loader.auto_workers: samples/s by num_workers %s -> %d", {k: round(v) for k, v in table.items()}, workers)
-        loader_cfg = OmegaConf.merge(loader_cfg, {"num_workers": workers})
-    common = {"loader_cfg": loader_cfg, "device": device, "collate_fn": data.collate}
-    train_loader = build_loader(
-        data.train, batch_size=cfg.data.batch_size, sampler=sampler, train=True, generator=loader_rng, **common
-    )
-    val_sampler = EpochSampler(len(data.val), 0, shuffle=False, rank=info.rank, world_size=info.world_size, pad=False)
-    val_bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
-    val_loader = build_loader(data.val, batch_size=val_bs, sampler=val_sampler, train=False, **common)
-    compression = apply_surgery(cfg, model, data.kind, train_loader, val_loader, resumed=resume_ckpt is not None)
-    params = sum(p.numel() for p in model.parameters())
-    flops = count_flops(model, data.collate([data.val[0]])[0] if data.collate else data.val[0][0].unsqueeze(0))
-    if info.enabled:
-        torch.manual_seed(tc.seed + info.rank)  # same init everywhere, own dropout/augment stream per rank
-    model.to(device)
-    if tc.channels_last:
-        model.to(memory_format=torch.channels_last)
-    train_model = torch.compile(model) if tc.compile else model
-    if info.enabled:
-        if cfg.distributed.sync_bn:
-            if device.type != "cuda":
-                raise ConfigError("distributed.sync_bn=true needs CUDA (torch's SyncBatchNorm has no CPU kernel)")
-            train_model = nn.SyncBatchNorm.convert_sync_batchnorm(train_model)
-        train_model = DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
-    full_batches = len(sampler) // cfg.data.batch_size
-    if full_batches == 0:
-        raise ConfigError(
-            f"data.batch_size={cfg.data.batch_size} is larger than this rank's share of the training set "
-            f"({len(sampler)} samples): lower it"
-        )
-    batches_in_epoch = min(full_batches, tc.limit_train_batches or full_batches)
-    steps_per_epoch = math.ceil(batches_in_epoch / tc.grad_accum_steps)
-    total_steps = min(tc.max_epochs * steps_per_epoch, tc.max_steps or math.inf)
-    optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(optimizer, cfg.sched, cfg.optim, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
-    return Parts(
-        data,
-        model,
-        train_model,
-        build_precision(cfg.precision, device),
-        sampler,
-        loader_rng,
-        train_loader,
-        val_loader,
-        optimizer,
-        scheduler,
-        batches_in_epoch,
-        params,
-        flops,
-        compression,
-        Resolution(cfg.data, data.image_size, total_steps, tc.seed)
-        if data.kind == "image" and cfg.data.resolution != "fixed"
-        else None,
-    )
 
 
 def train(cfg, run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> float:
@@ -336,32 +211,36 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: St
         if improved:
             save("best")
     prune.make_permanent(p.model)
-    samples, seconds, wait = session.tolist()
-    tracker.summary(
-        {
-            "best_val_acc1": state.best_val_acc1,
-            **metrics,
-            "epochs": state.epoch,
-            "steps": state.global_step,
-            "skipped_steps": state.skipped_steps,
-            "bad_samples": state.bad_samples,
-            "train_time_s": state.train_time_s,
-            "samples_per_s": samples / seconds if seconds else None,
-            "data_wait_frac": wait / seconds if seconds else None,
-            "peak_mem_mb": peak_mem_mb(device),
-            "time_to_first_step_s": first_step[0] if first_step else None,
-            "params": p.params,
-            "flops": p.flops,
-            "device": str(device),
-            "world_size": info.world_size,
-            "rank_peak_mem_mb": [row[0] for row in balance],
-            "rank_epoch_time_s": [row[1] for row in balance],
-            "precision": p.precision.name,
-            "compression": p.compression,
-            "torch": torch.__version__,
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "best_checkpoint": str(run_dir / "checkpoints" / "best.pt"),
-        }
-    )
+    tracker.summary(_summary(p, state, metrics, session, balance, first_step, device, info, run_dir))
     tracker.close()
     return state.best_val_acc1
+
+
+def _summary(p: Parts, state: TrainState, metrics: dict, session, balance, first_step, device, info, run_dir: Path) -> dict:
+    """summary.json: the run's final figures (DESIGN's contract)."""
+    samples, seconds, wait = session.tolist()
+    return {
+        "best_val_acc1": state.best_val_acc1,
+        **metrics,
+        "epochs": state.epoch,
+        "steps": state.global_step,
+        "skipped_steps": state.skipped_steps,
+        "bad_samples": state.bad_samples,
+        "train_time_s": state.train_time_s,
+        "samples_per_s": samples / seconds if seconds else None,
+        "data_wait_frac": wait / seconds if seconds else None,
+        "peak_mem_mb": peak_mem_mb(device),
+        "time_to_first_step_s": first_step[0] if first_step else None,
+        "params": p.params,
+        "flops": p.flops,
+        "device": str(device),
+        "world_size": info.world_size,
+        "rank_peak_mem_mb": [row[0] for row in balance],
+        "rank_epoch_time_s": [row[1] for row in balance],
+        "precision": p.precision.name,
+        "compression": p.compression,
+        "autotune": p.autotune,
+        "torch": torch.__version__,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "best_checkpoint": str(run_dir / "checkpoints" / "best.pt"),
+    }

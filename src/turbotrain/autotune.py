@@ -1,0 +1,172 @@
+"""trainer.autotune: time a few real training steps of each setting that leaves the numerics
+alone (channels_last, torch.compile, loader workers) and keep the one that finishes the run
+soonest. The precision stays what the user chose.
+
+Trials run on a copy of the model with their own optimizer, on the first batches of epoch 0,
+and the RNG state is restored afterwards, so the run itself starts exactly as it would have
+without them. A setting's cost is its first step (compilation, worker start-up) plus the
+remaining steps at its median step time: compile wins only when the run is long enough to
+pay for it."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from turbotrain import checkpoint as ckpt_io
+from turbotrain.config import ConfigError
+from turbotrain.data.loader import EpochSampler, build_loader
+from turbotrain.loop import TrainState, train_one_epoch
+from turbotrain.optim import build_optimizer
+from turbotrain.precision import build_precision
+from turbotrain.tracking import Tracker
+
+log = logging.getLogger("turbotrain")
+
+WARMUP = 2  # steps not counted in the median step time (first call, allocator, worker start-up)
+
+
+@dataclass
+class Trial:
+    setting: dict
+    first_step_s: float = math.inf  # process-visible cost of the first step (compile, workers)
+    step_s: float = math.inf  # median steady-state step time
+    error: str | None = None
+    projected: float = math.inf  # projected run time, summed over DDP ranks
+
+    def projected_s(self, steps: int) -> float:
+        return self.first_step_s + max(0, steps - 1) * self.step_s
+
+
+def _time_setting(cfg, data, model: nn.Module, device: torch.device, setting: dict, steps: int) -> Trial:
+    trial = Trial(setting)
+    m = copy.deepcopy(model).to(device)
+    if setting["channels_last"]:
+        m.to(memory_format=torch.channels_last)
+    loader_cfg = OmegaConf.merge(cfg.loader, {"num_workers": setting["num_workers"], "persistent_workers": False})
+    loader = build_loader(
+        data.train,
+        batch_size=cfg.data.batch_size,
+        sampler=EpochSampler(len(data.train), cfg.trainer.seed),
+        loader_cfg=loader_cfg,
+        device=device,
+        train=True,
+        collate_fn=data.collate,
+    )
+    tc = OmegaConf.merge(
+        cfg.trainer,
+        {"channels_last": setting["channels_last"], "max_steps": None, "grad_accum_steps": 1, "log_every_n_steps": 10**9},
+    )
+    ends = [time.perf_counter()]
+    try:
+        train_one_epoch(
+            torch.compile(m) if setting["compile"] else m,
+            loader,
+            build_optimizer(m, cfg.optim),
+            None,
+            build_precision(cfg.precision, device),
+            TrainState(),
+            trainer_cfg=tc,
+            device=device,
+            tracker=Tracker(".", enabled=False, logger_cfg=cfg.logger, config={}),
+            batches_in_epoch=min(len(loader), WARMUP + steps),
+            on_step=lambda _: ends.append(time.perf_counter()),
+        )
+    except Exception as e:  # e.g. torch.compile without a C compiler: that setting is out
+        trial.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        return trial
+    gaps = [b - a for a, b in itertools.pairwise(ends)]
+    if len(gaps) <= WARMUP:
+        trial.error = "too few batches to time"
+        return trial
+    trial.step_s = statistics.median(gaps[WARMUP:])
+    trial.first_step_s = sum(gaps[:WARMUP]) - (WARMUP - 1) * trial.step_s
+    return trial
+
+
+def candidates(cfg, kind: str) -> tuple[list[dict], list[int]]:
+    """Model settings for stage 1 (at the configured workers) and worker counts for stage 2."""
+    knobs = list(cfg.trainer.autotune_knobs)  # validated against validation.AUTOTUNE_KNOBS
+    tc = cfg.trainer
+    layouts = [False, True] if "channels_last" in knobs and kind == "image" else [bool(tc.channels_last)]
+    compiles = [False, True] if "compile" in knobs else [bool(tc.compile)]
+    base = int(cfg.loader.num_workers)
+    stage1 = [{"channels_last": c, "compile": k, "num_workers": base} for c, k in itertools.product(layouts, compiles)]
+    workers = sorted({int(w) for w in cfg.loader.auto_candidates} - {base}) if "num_workers" in knobs else []
+    return stage1, workers
+
+
+def autotune(
+    cfg,
+    data,
+    model: nn.Module,
+    device: torch.device,
+    total_steps: int,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> dict:
+    """Measure, pick, and return {"chosen": setting, "table": [...], "seconds": s}. `reduce`
+    (a sum across DDP ranks) makes every rank pick the same setting from the summed times."""
+    t0, rng = time.perf_counter(), ckpt_io.rng_state()
+    steps = int(cfg.trainer.autotune_steps)
+
+    def measure(settings: list[dict]) -> list[Trial]:
+        trials = [_time_setting(cfg, data, model, device, s, steps) for s in settings]
+        cost = torch.tensor([t.projected_s(total_steps) for t in trials], dtype=torch.float64)
+        if reduce is not None:
+            cost = reduce(cost)
+        for t, c in zip(trials, cost.tolist(), strict=True):
+            t.projected = c
+        return trials
+
+    stage1, workers = candidates(cfg, data.kind)
+    # one untimed eager trial first: the process's one-time costs (lazy init, kernel caches,
+    # allocator growth) would otherwise count against whichever setting is timed first
+    _time_setting(cfg, data, model, device, {**stage1[0], "compile": False}, steps=1)
+    trials = measure(stage1)
+    best = min(trials, key=lambda t: t.projected)
+    trials += measure([{**best.setting, "num_workers": w} for w in workers])
+    best = min(trials, key=lambda t: t.projected)
+    ckpt_io.set_rng_state(rng)
+    if not math.isfinite(best.projected):
+        raise ConfigError(f"trainer.autotune: no setting could train ({trials[0].error}); set trainer.autotune=false")
+    table = [
+        {
+            **t.setting,
+            "step_ms": round(1000 * t.step_s, 2) if math.isfinite(t.step_s) else None,
+            "first_step_s": round(t.first_step_s, 2) if math.isfinite(t.first_step_s) else None,
+            "projected_run_s": round(t.projected, 1) if math.isfinite(t.projected) else None,
+            **({"error": t.error} if t.error else {}),
+        }
+        for t in trials
+    ]
+    seconds = time.perf_counter() - t0
+    lines = [f"  {'*' if t is best else ' '} {row}" for t, row in zip(trials, table, strict=True)]
+    log.info("trainer.autotune (%d steps each, %.1f s, run of %d steps):\n%s", steps, seconds, total_steps, "\n".join(lines))
+    return {"chosen": best.setting, "table": table, "seconds": round(seconds, 2)}
+
+
+def apply_choice(cfg, chosen: dict) -> None:
+    """The tuned values become the run's effective config (saved in every checkpoint)."""
+    OmegaConf.update(cfg, "trainer.channels_last", bool(chosen["channels_last"]))
+    OmegaConf.update(cfg, "trainer.compile", bool(chosen["compile"]))
+    OmegaConf.update(cfg, "loader.num_workers", int(chosen["num_workers"]))
+
+
+def choice_from_checkpoint(ckpt: dict) -> dict:
+    """A resumed run keeps the setting its first session chose (no new trials)."""
+    saved = OmegaConf.create(ckpt["config"])
+    return {
+        "channels_last": bool(saved.trainer.channels_last),
+        "compile": bool(saved.trainer.compile),
+        "num_workers": int(saved.loader.num_workers),
+    }

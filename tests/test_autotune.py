@@ -1,0 +1,83 @@
+"""trainer.autotune: it picks the setting it measured fastest, leaves the numerics alone (same
+weights as setting that choice by hand), and a resumed run keeps the first session's choice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY, make_cfg
+from turbotrain.autotune import candidates
+from turbotrain.checkpoint import load
+from turbotrain.config import ConfigError
+from turbotrain.pipeline import train
+from turbotrain.validation import validate
+
+# sched=none: the resumed session runs more epochs than the first planned, the LR must not care
+TUNE = (
+    *TINY,
+    "sched=none",
+    "trainer.autotune=true",
+    "trainer.autotune_knobs=[channels_last,num_workers]",
+    "loader.auto_candidates=[0,1]",
+)
+
+
+def test_autotune_picks_fastest_and_keeps_numerics(tmp_path):
+    tuned = tmp_path / "tuned"
+    train(make_cfg(*TUNE, "trainer.max_epochs=1"), tuned)
+    first = json.loads((tuned / "summary.json").read_text())["autotune"]
+    table = first["table"]
+    # 2 layouts at the configured workers, then the other worker count at the better layout
+    assert [(r["channels_last"], r["num_workers"]) for r in table[:2]] == [(False, 0), (True, 0)]
+    assert len(table) == 3 and table[2]["num_workers"] == 1
+    best = min(table, key=lambda r: r["projected_run_s"])
+    chosen = first["chosen"]
+    assert (chosen["channels_last"], chosen["num_workers"]) == (best["channels_last"], best["num_workers"])
+    saved = load(tuned / "checkpoints" / "last.pt")["config"]
+    assert f"channels_last: {str(chosen['channels_last']).lower()}" in saved
+
+    # resume: no new trials, the same choice
+    train(make_cfg(*TUNE, "trainer.max_epochs=2", "trainer.resume=auto"), tuned)
+    again = json.loads((tuned / "summary.json").read_text())["autotune"]
+    assert again == {"chosen": chosen, "from_checkpoint": True}
+
+    # the same run with the chosen setting picked by hand ends with the same weights
+    by_hand = tmp_path / "by_hand"
+    train(
+        make_cfg(
+            *TINY,
+            "sched=none",
+            "trainer.max_epochs=2",
+            f"trainer.channels_last={chosen['channels_last']}",
+            f"loader.num_workers={chosen['num_workers']}",
+        ),
+        by_hand,
+    )
+    a, b = load(tuned / "checkpoints" / "last.pt"), load(by_hand / "checkpoints" / "last.pt")
+    assert a["metrics"] == b["metrics"]
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+
+
+def test_autotune_times_compile_as_a_candidate(tmp_path):
+    """torch.compile is a real candidate: its compile time is its first-step cost."""
+    train(make_cfg(*TINY, "trainer.max_epochs=1", "trainer.autotune=true", "trainer.autotune_knobs=[compile]"), tmp_path)
+    table = json.loads((tmp_path / "summary.json").read_text())["autotune"]["table"]
+    assert [r["compile"] for r in table] == [False, True]
+    compiled = table[1]
+    assert "error" in compiled or compiled["first_step_s"] > table[0]["first_step_s"]
+
+
+def test_text_models_have_no_layout_candidates():
+    cfg = make_cfg("data=synthetic", "trainer.autotune=true")
+    stage1, workers = candidates(cfg, "text")
+    assert [(s["channels_last"], s["compile"]) for s in stage1] == [(True, False), (True, True)]  # layout as configured
+    assert workers == [1, 2, 4]
+
+
+def test_unknown_knob_is_named():
+    with pytest.raises(ConfigError, match="trainer.autotune_knobs: unknown knob 'precision'"):
+        validate(make_cfg(*TINY, "trainer.autotune=true", "trainer.autotune_knobs=[precision]"))
