@@ -163,14 +163,26 @@ def test_nan_skip_gives_up_after_patience(tmp_path):
         train(cfg, tmp_path)
 
 
-def test_single_nan_batch_is_skipped(tmp_path):
+@pytest.mark.parametrize("check", ["loss", "grads"])
+def test_single_nan_batch_is_skipped(check, tmp_path):
     from test_loop import _data, _mlp, _run
 
     x, y = _data(32)
     x[8, 0] = float("nan")  # the second batch of 8 poisons its step only
     model = _mlp()
-    state = _run(model, x, y, batch_size=8, accum=1, tmp_path=tmp_path)
+    state = _run(model, x, y, batch_size=8, accum=1, tmp_path=tmp_path, overrides=(f"trainer.nan_check={check}",))
     assert state.skipped_steps == 1 and state.global_step == 4
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_nan_in_one_micro_batch_skips_its_whole_group(tmp_path):
+    from test_loop import _data, _mlp, _run
+
+    x, y = _data(32)
+    x[8, 0] = float("nan")  # micro-batch 2 of 4, in the first group of 2
+    model = _mlp()
+    state = _run(model, x, y, batch_size=8, accum=2, tmp_path=tmp_path)
+    assert state.skipped_steps == 1 and state.global_step == 2
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 

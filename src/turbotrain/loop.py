@@ -109,16 +109,19 @@ def evaluate(
     }
 
 
-def _optimizer_step(model, optimizer, scheduler, precision: Precision, grad_clip: float | None) -> bool:
-    """Unscale, clip, step, update the scaler. Returns False when the step was skipped for
-    inf/NaN gradients. Gradients are identical on every DDP rank here, so all ranks agree."""
+def _optimizer_step(model, optimizer, scheduler, precision: Precision, grad_clip: float | None, skip: bool | None) -> bool:
+    """Unscale, clip, step, update the scaler. Returns False when the step was skipped: `skip`
+    (the group's losses were not finite, agreed across DDP ranks), or, when `skip` is None, the
+    gradients were (identical on every DDP rank here, so all ranks agree)."""
     scaler = precision.scaler
     if scaler is not None:
         scaler.unscale_(optimizer)
     if scaler is None:
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        norm = nn.utils.get_total_norm(grads) if grads else torch.zeros(())
-        stepped = bool(torch.isfinite(norm))
+        norm = None
+        if skip is None or grad_clip:
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            norm = nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        stepped = not skip if skip is not None else bool(torch.isfinite(norm))
         if stepped:
             if grad_clip:
                 nn.utils.clip_grads_with_norm_(model.parameters(), grad_clip, norm)
@@ -157,6 +160,10 @@ def train_one_epoch(
     in the epoch, so each group's loss is divided by its own length (the last may be short)."""
     accum = trainer_cfg.grad_accum_steps
     max_steps = trainer_cfg.max_steps
+    # nan_check=loss: a step is skipped when a loss of its group was not finite (free: no pass over
+    # the gradients); grads: when the gradient norm is not finite (one more pass, ~5% on resnet18)
+    check_loss = trainer_cfg.nan_check == "loss" and precision.scaler is None
+    nonfinite = torch.zeros((), device=device)  # non-finite losses in the current accumulation group
     model.train()
     interval = torch.zeros(3, device=device)  # loss sum, correct1, n
     t_interval, wait_interval, samples_interval = time.perf_counter(), 0.0, 0
@@ -193,6 +200,8 @@ def train_one_epoch(
                 loss = F.cross_entropy(logits.float(), target)
             if trainer_cfg.on_nan == "stop" and not torch.isfinite(loss):
                 raise Diverged(state.global_step, loss.item())
+            if check_loss:
+                nonfinite += (~torch.isfinite(loss.detach())).float()
             scaled = loss / group_len
             (precision.scaler.scale(scaled) if precision.scaler else scaled).backward()
         n = len(target)
@@ -205,7 +214,11 @@ def train_one_epoch(
         bar.update(1)
         if not last_in_group:
             continue
-        if _optimizer_step(model, optimizer, scheduler, precision, trainer_cfg.grad_clip):
+        skip = None
+        if check_loss:
+            skip = bool((reduce(nonfinite) if reduce else nonfinite) > 0)  # every rank skips together
+            nonfinite.zero_()
+        if _optimizer_step(model, optimizer, scheduler, precision, trainer_cfg.grad_clip, skip):
             state.nan_streak = 0
         else:
             state.skipped_steps += 1

@@ -12,6 +12,7 @@ CHOICES = {
     "data.resolution": ("fixed", "dynamic", "progressive"),
     "data.on_bad_sample": ("skip", "error"),
     "trainer.on_nan": ("skip", "stop"),
+    "trainer.nan_check": ("loss", "grads"),
     "precision.name": ("fp32", "amp", "bf16", "fp16"),
     "optim.name": ("sgd", "adam", "adamw", "rmsprop", "adagrad"),
     "sched.name": ("none", "cosine", "cyclic", "onecycle", "step"),
