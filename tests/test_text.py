@@ -12,6 +12,7 @@ import torch
 from conftest import make_cfg, run_cli
 from turbotrain.checkpoint import load
 from turbotrain.config import ConfigError
+from turbotrain.data.loader import EpochSampler
 from turbotrain.data.text import WORDNET_TOPICS, read_wordnet
 from turbotrain.pipeline import train
 
@@ -34,8 +35,37 @@ def test_wordnet_has_six_balanced_enough_topics():
 
 
 def test_bert_tiny_learns_wordnet_topics(tmp_path):
-    best = train(make_cfg(*TEXT, "trainer.max_steps=150", "trainer.max_epochs=1"), tmp_path)
+    best = train(make_cfg(*TEXT, "data.bucket_by_length=true", "trainer.max_steps=150", "trainer.max_epochs=1"), tmp_path)
     assert best > 0.4  # 6 topics: chance is ~0.2 for the largest class
+
+
+def _padding(order: list[int], lengths: list[int], batch: int) -> int:
+    """Pad tokens when consecutive runs of `batch` indices are padded to their longest."""
+    chunks = [order[i : i + batch] for i in range(0, len(order) - batch + 1, batch)]
+    return sum(batch * max(lengths[j] for j in c) - sum(lengths[j] for j in c) for c in chunks)
+
+
+def test_length_bucketing_is_a_seeded_permutation_with_little_padding():
+    lengths = torch.randint(3, 64, (2000,), generator=torch.Generator().manual_seed(0)).tolist()
+    plain = EpochSampler(2000, seed=1)
+    bucketed = EpochSampler(2000, seed=1, lengths=lengths, batch_size=32)
+    order = list(bucketed)
+    assert sorted(order) == list(range(2000))  # every sample once
+    assert order == list(EpochSampler(2000, seed=1, lengths=lengths, batch_size=32))  # seeded
+    bucketed.set_epoch(1)
+    assert list(bucketed) != order  # a new order every epoch
+    assert _padding(order, lengths, 32) < 0.1 * _padding(list(plain), lengths, 32)
+    bucketed.set_epoch(0, start=5 * 32)  # mid-epoch resume: the rest of the same order
+    assert list(bucketed) == order[5 * 32 :]
+    # DDP: each rank's batches are bucketed too, and the ranks split the samples
+    ranks = [list(EpochSampler(2000, seed=1, rank=r, world_size=2, lengths=lengths, batch_size=32)) for r in (0, 1)]
+    assert sorted(ranks[0] + ranks[1]) == list(range(2000))
+    assert _padding(ranks[1], lengths, 32) < 0.1 * _padding(list(plain)[1::2], lengths, 32)
+
+
+def test_length_bucketing_is_for_text(tmp_path):
+    with pytest.raises(ConfigError, match="data.bucket_by_length=true applies to text data"):
+        train(make_cfg("data=digits", "data.bucket_by_length=true", "trainer.max_epochs=1"), tmp_path)
 
 
 def test_sliding_window_run_with_extended_positions(tmp_path):

@@ -10,16 +10,44 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+BUCKET_SPAN = 50  # length bucketing sorts windows of this many batches
+
+
+def bucket_by_length(order: list[int], lengths: list[int], batch: int, g: torch.Generator) -> list[int]:
+    """Reorder a shuffled `order` so each run of `batch` indices has similar lengths (little
+    padding): sort windows of BUCKET_SPAN batches by length, cut them into batches, shuffle the
+    full batches and put the short one last (so the DataLoader's batches stay aligned with them)."""
+    span = batch * BUCKET_SPAN
+    batches = []
+    for i in range(0, len(order), span):
+        window = sorted(order[i : i + span], key=lambda j: lengths[j], reverse=True)
+        batches += [window[k : k + batch] for k in range(0, len(window), batch)]
+    full = [b for b in batches if len(b) == batch]
+    short = [b for b in batches if len(b) < batch]
+    return [j for k in torch.randperm(len(full), generator=g).tolist() for j in full[k]] + [j for b in short for j in b]
+
 
 class EpochSampler(Sampler[int]):
     """Shuffles with a generator seeded by (seed, epoch), so epoch k's order does not
     depend on what ran before it, and can start `start` samples into the epoch
     (mid-epoch resume). Rank-aware: rank r of w takes every w-th index of the
-    (padded) permutation, like DistributedSampler."""
+    (padded) permutation, like DistributedSampler. With `lengths` (text), batches of
+    `batch_size` are formed from samples of similar length (see bucket_by_length)."""
 
-    def __init__(self, n: int, seed: int, shuffle: bool = True, rank: int = 0, world_size: int = 1, pad: bool = True):
+    def __init__(
+        self,
+        n: int,
+        seed: int,
+        shuffle: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+        pad: bool = True,
+        lengths: list[int] | None = None,
+        batch_size: int = 1,
+    ):
         self.n, self.seed, self.shuffle, self.pad = n, seed, shuffle, pad
         self.rank, self.world_size = rank, world_size
+        self.lengths, self.batch_size = lengths, batch_size
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
@@ -29,6 +57,8 @@ class EpochSampler(Sampler[int]):
         if self.shuffle:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
             order = torch.randperm(self.n, generator=g).tolist()
+            if self.lengths is not None:  # a global batch = batch_size from each rank, strided
+                order = bucket_by_length(order, self.lengths, self.batch_size * self.world_size, g)
         else:
             order = list(range(self.n))
         if self.pad:  # equal shards (training: every rank takes the same number of steps)

@@ -55,6 +55,9 @@ class TokenizedText(Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids in self.encoded["input_ids"]]
+
     def __getitem__(self, i: int):
         row = self.encoded[i]
         return {k: torch.tensor(v) for k, v in row.items()}, self.labels[i]
