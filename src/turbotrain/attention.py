@@ -38,46 +38,50 @@ def sliding_window_attention(
     training: bool = False,
 ) -> torch.Tensor:
     """Token i attends to tokens j with |i - j| <= window (plus the first `global_tokens`, which
-    also attend to everything). Returns [b, n, h, d] like transformers' attention functions."""
+    also attend to everything). Returns [b, n, h, d] like transformers' attention functions.
+
+    Each query block is one batch entry of torch's scaled_dot_product_attention over its own
+    key span (band + global keys) with a boolean mask: SDPA's fused CPU/CUDA kernels keep the
+    probabilities out of the autograd graph (recomputed in backward), which an einsum + softmax
+    would store at O(n * span) floats per layer."""
     b, h, n, d = query.shape
     scaling = d**-0.5 if scaling is None else scaling
     blk = max(1, min(block, n))
-    n_pad = -(-n // blk) * blk
+    blocks = -(-n // blk)
+    n_pad = blocks * blk
     span = blk + 2 * window
-    keep = torch.ones(b, n, dtype=torch.bool, device=query.device) if padding_mask is None else padding_mask.bool()
+    dev = query.device
+    keep = torch.ones(b, n, dtype=torch.bool, device=dev) if padding_mask is None else padding_mask.bool()
 
-    def band(x: torch.Tensor) -> torch.Tensor:  # [b, h, n, d] -> [b, h, blocks, span, d] (a view)
-        x = F.pad(x, (0, 0, window, n_pad - n + window))
-        return x.unfold(2, span, blk).transpose(-1, -2)
+    def band(x: torch.Tensor) -> torch.Tensor:  # [b, h, n, d] -> [b * blocks, h, span, d]
+        x = F.pad(x, (0, 0, window, n_pad - n + window)).unfold(2, span, blk)  # [b, h, blocks, d, span]
+        return x.permute(0, 2, 1, 4, 3).reshape(b * blocks, h, span, d)
 
-    q = F.pad(query, (0, 0, 0, n_pad - n)).view(b, h, n_pad // blk, blk, d)
-    scores = torch.einsum("bhkqd,bhksd->bhkqs", q, band(key)) * scaling  # [b, h, blocks, blk, span]
+    q = F.pad(query, (0, 0, 0, n_pad - n)).view(b, h, blocks, blk, d).transpose(1, 2).reshape(b * blocks, h, blk, d)
+    k, v = band(key), band(value)
     # Which keys each query may see: inside the band, real (not padding, not past the ends) and,
-    # with global tokens, not a global key (those are added once, below).
+    # with global tokens, not a global key (those are appended once per block, below). A query
+    # always sees itself, so no row is empty (padding queries' outputs are dropped anyway).
     key_ok = F.pad(keep, (window, n_pad - n + window)).unfold(1, span, blk)  # [b, blocks, span]
-    offset = torch.arange(span, device=query.device)[None, :] - torch.arange(blk, device=query.device)[:, None]
+    offset = torch.arange(span, device=dev)[None, :] - torch.arange(blk, device=dev)[:, None]
     in_band = (offset >= 0) & (offset <= 2 * window)  # |query - key| <= window
-    allowed = key_ok[:, None, :, None, :] & in_band
+    allowed = key_ok[:, :, None, :] & in_band  # [b, blocks, blk, span]
     if global_tokens:
-        key_pos = (
-            torch.arange(n_pad // blk, device=query.device)[:, None] * blk - window + torch.arange(span, device=query.device)
-        )
-        allowed = allowed & (key_pos >= global_tokens)[None, None, :, None, :]
-        g_scores = torch.einsum("bhkqd,bhgd->bhkqg", q, key[:, :, :global_tokens]) * scaling
-        g_ok = keep[:, None, None, None, :global_tokens]
-        scores = torch.cat([scores, g_scores], dim=-1)
-        allowed = torch.cat([allowed.expand(b, 1, -1, -1, -1), g_ok.expand(b, 1, *g_scores.shape[2:4], -1)], -1)
-    neg = torch.finfo(scores.dtype).min
-    probs = scores.masked_fill(~allowed, neg).softmax(-1, dtype=torch.float32).to(value.dtype)
-    probs = F.dropout(probs, dropout, training=training)
-    out = torch.einsum("bhkqs,bhksd->bhkqd", probs[..., :span], band(value))
-    if global_tokens:
-        out = out + torch.einsum("bhkqg,bhgd->bhkqd", probs[..., span:], value[:, :, :global_tokens])
-    out = out.reshape(b, h, n_pad, d)[:, :, :n]
+        key_pos = torch.arange(blocks, device=dev)[:, None] * blk - window + torch.arange(span, device=dev)
+        allowed = allowed & (key_pos >= global_tokens)[None, :, None, :]
+        g_ok = keep[:, None, None, :global_tokens].expand(b, blocks, blk, global_tokens)
+        allowed = torch.cat([allowed, g_ok], dim=-1)
+        g_k, g_v = (t[:, :, :global_tokens].repeat_interleave(blocks, dim=0) for t in (key, value))
+        k, v = torch.cat([k, g_k], dim=2), torch.cat([v, g_v], dim=2)
+    allowed = allowed | F.pad(offset == window, (0, allowed.shape[-1] - span))
+    mask = allowed.reshape(b * blocks, 1, blk, -1)
+    p = dropout if training else 0.0
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scaling)  # [b*blocks, h, blk, d]
+    out = out.view(b, blocks, h, blk, d).transpose(1, 2).reshape(b, h, n_pad, d)[:, :, :n]
     if global_tokens:  # global queries attend to every real token: full rows, O(n * global_tokens)
-        g = query[:, :, :global_tokens] @ key.transpose(-1, -2) * scaling
-        g = g.masked_fill(~keep[:, None, None, :], neg).softmax(-1, dtype=torch.float32).to(value.dtype)
-        out = torch.cat([F.dropout(g, dropout, training=training) @ value, out[:, :, global_tokens:]], dim=2)
+        g_mask = keep[:, None, None, :] | (torch.arange(n, device=dev) < global_tokens)  # never an empty row
+        g = F.scaled_dot_product_attention(query[:, :, :global_tokens], key, value, attn_mask=g_mask, dropout_p=p, scale=scaling)
+        out = torch.cat([g, out[:, :, global_tokens:]], dim=2)
     return out.transpose(1, 2).contiguous()
 
 
@@ -154,7 +158,7 @@ def apply_attention(model: nn.Module, attention_cfg) -> dict:
             raise ConfigError(f"attention.window={attention_cfg.window} must be > 0")
         model.config.turbotrain_attention = {
             "window": attention_cfg.window,
-            "block": attention_cfg.block or max(1, attention_cfg.window // 2),
+            "block": attention_cfg.block or attention_cfg.window,
             "global_tokens": attention_cfg.global_tokens,
         }
         model.set_attn_implementation(NAME)
