@@ -90,7 +90,17 @@ def build(
     data = build_data(cfg.data, tokenizer)
     model = build_for(cfg.model, data, tokenizer, cfg.data.max_length)
     initial_weights(model, cfg, resume_ckpt, resume_path)
-    sampler = EpochSampler(len(data.train), tc.seed, rank=info.rank, world_size=info.world_size)
+    bucketed = cfg.data.bucket_by_length
+    if bucketed and data.kind != "text":
+        raise ConfigError("data.bucket_by_length=true applies to text data (images all have one size)")
+    sampler = EpochSampler(
+        len(data.train),
+        tc.seed,
+        rank=info.rank,
+        world_size=info.world_size,
+        lengths=data.train.lengths() if bucketed else None,
+        batch_size=cfg.data.batch_size,
+    )
     full_batches = len(sampler) // cfg.data.batch_size
     if full_batches == 0:
         raise ConfigError(

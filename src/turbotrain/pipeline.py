@@ -211,12 +211,12 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: St
         if improved:
             save("best")
     prune.make_permanent(p.model)
-    tracker.summary(_summary(p, state, metrics, session, balance, first_step, device, info, run_dir))
+    tracker.summary(_summary(cfg, p, state, metrics, session, balance, first_step, device, info, run_dir))
     tracker.close()
     return state.best_val_acc1
 
 
-def _summary(p: Parts, state: TrainState, metrics: dict, session, balance, first_step, device, info, run_dir: Path) -> dict:
+def _summary(cfg, p: Parts, state: TrainState, metrics: dict, session, balance, first_step, device, info, run_dir: Path) -> dict:
     """summary.json: the run's final figures (DESIGN's contract)."""
     samples, seconds, wait = session.tolist()
     return {
@@ -240,6 +240,9 @@ def _summary(p: Parts, state: TrainState, metrics: dict, session, balance, first
         "precision": p.precision.name,
         "compression": p.compression,
         "autotune": p.autotune,
+        "num_workers": cfg.loader.num_workers,  # effective settings (after loader/trainer autotune)
+        "channels_last": cfg.trainer.channels_last,
+        "compile": cfg.trainer.compile,
         "torch": torch.__version__,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "best_checkpoint": str(run_dir / "checkpoints" / "best.pt"),
