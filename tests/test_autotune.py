@@ -62,6 +62,16 @@ def test_autotune_picks_fastest_and_keeps_numerics(tmp_path):
         assert torch.equal(v, b["model"][k]), k
 
 
+def test_tuned_loader_times_worker_counts_by_real_steps(tmp_path):
+    """loader=tuned measures training steps (loading competes with the model for the cores)."""
+    train(make_cfg(*TINY, "loader=tuned", "loader.auto_candidates=[0,1]", "trainer.max_epochs=1"), tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    table = summary["autotune"]["table"]
+    assert sorted(r["num_workers"] for r in table) == [0, 1, 2]  # loader=tuned's configured 2, then the candidates
+    assert {(r["channels_last"], r["compile"]) for r in table} == {(True, False)}  # nothing else changes
+    assert summary["num_workers"] == summary["autotune"]["chosen"]["num_workers"]
+
+
 def test_autotune_times_compile_as_a_candidate(tmp_path):
     """torch.compile is a real candidate: its compile time is its first-step cost."""
     train(make_cfg(*TINY, "trainer.max_epochs=1", "trainer.autotune=true", "trainer.autotune_knobs=[compile]"), tmp_path)
@@ -71,11 +81,32 @@ def test_autotune_times_compile_as_a_candidate(tmp_path):
     assert "error" in compiled or compiled["first_step_s"] > table[0]["first_step_s"]
 
 
-def test_text_models_have_no_layout_candidates():
-    cfg = make_cfg("data=synthetic", "trainer.autotune=true")
-    stage1, workers = candidates(cfg, "text")
-    assert [(s["channels_last"], s["compile"]) for s in stage1] == [(True, False), (True, True)]  # layout as configured
+def test_text_candidates_are_kernels_not_layouts():
+    cfg = make_cfg("data=wordnet", "model=bert_tiny", "trainer.autotune=true")
+    stage1, workers = candidates(cfg, "text", list(cfg.trainer.autotune_knobs))
+    got = [(s["channels_last"], s["compile"], s["attention"]) for s in stage1]
+    assert got == [(True, c, a) for c in (False, True) for a in ("sdpa", "eager")]  # layout stays as configured
     assert workers == [1, 2, 4]
+    stage1, _ = candidates(make_cfg("data=wordnet", "model=bert_tiny", "attention=sliding_window"), "text", ["attention"])
+    assert all("attention" not in s for s in stage1)  # a different function, not a kernel choice
+
+
+def test_text_run_tunes_the_attention_kernel(tmp_path):
+    cfg = make_cfg(
+        "data=wordnet",
+        "model=bert_tiny",
+        "trainer.progress_bar=false",
+        "trainer.max_steps=12",
+        "trainer.limit_val_batches=2",
+        "trainer.autotune=true",
+        "trainer.autotune_steps=3",
+        "trainer.autotune_knobs=[attention]",
+    )
+    train(cfg, tmp_path)
+    tuned = json.loads((tmp_path / "summary.json").read_text())["autotune"]
+    assert [r["attention"] for r in tuned["table"]] == ["sdpa", "eager"]
+    saved = load(tmp_path / "checkpoints" / "last.pt")["config"]
+    assert f"implementation: {tuned['chosen']['attention']}" in saved
 
 
 def test_unknown_knob_is_named():

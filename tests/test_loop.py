@@ -151,12 +151,3 @@ def test_dynamic_resolution_run_evaluates_at_nominal_size(tmp_path):
 
     cfg = make_cfg(*TINY, "data.image_size=16", "data.resolution=dynamic", "data.resolution_step=4", "trainer.max_epochs=2")
     assert train(cfg, tmp_path) > 0.3
-
-
-def test_pick_num_workers_measures_every_candidate():
-    from turbotrain.data.loader import pick_num_workers
-
-    x, y = _data(256)
-    best, table = pick_num_workers(TensorDataset(x, y), batch_size=32, collate_fn=None, candidates=[0, 1, 2])
-    assert set(table) == {0, 1, 2} and best in table and all(rate > 0 for rate in table.values())
-    assert table[best] >= 0.9 * max(table.values())

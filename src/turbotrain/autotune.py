@@ -1,6 +1,7 @@
 """trainer.autotune: time a few real training steps of each setting that leaves the numerics
-alone (channels_last, torch.compile, loader workers) and keep the one that finishes the run
-soonest. The precision stays what the user chose.
+alone (channels_last, torch.compile, loader workers; for text models with full attention, the
+sdpa or eager kernel) and keep the one that finishes the run soonest. The precision stays what
+the user chose.
 
 Trials run on a copy of the model with their own optimizer, on the first batches of epoch 0,
 and the RNG state is restored afterwards, so the run itself starts exactly as it would have
@@ -53,6 +54,8 @@ def _time_setting(cfg, data, model: nn.Module, device: torch.device, setting: di
     m = copy.deepcopy(model).to(device)
     if setting["channels_last"]:
         m.to(memory_format=torch.channels_last)
+    if "attention" in setting:
+        m.set_attn_implementation(setting["attention"])
     loader_cfg = OmegaConf.merge(cfg.loader, {"num_workers": setting["num_workers"], "persistent_workers": False})
     loader = build_loader(
         data.train,
@@ -94,14 +97,17 @@ def _time_setting(cfg, data, model: nn.Module, device: torch.device, setting: di
     return trial
 
 
-def candidates(cfg, kind: str) -> tuple[list[dict], list[int]]:
-    """Model settings for stage 1 (at the configured workers) and worker counts for stage 2."""
-    knobs = list(cfg.trainer.autotune_knobs)  # validated against validation.AUTOTUNE_KNOBS
+def candidates(cfg, kind: str, knobs: list[str]) -> tuple[list[dict], list[int]]:
+    """Model settings for stage 1 (at the configured workers) and worker counts for stage 2.
+    `knobs`: trainer.autotune_knobs (validated against validation.AUTOTUNE_KNOBS)."""
     tc = cfg.trainer
     layouts = [False, True] if "channels_last" in knobs and kind == "image" else [bool(tc.channels_last)]
     compiles = [False, True] if "compile" in knobs else [bool(tc.compile)]
     base = int(cfg.loader.num_workers)
     stage1 = [{"channels_last": c, "compile": k, "num_workers": base} for c, k in itertools.product(layouts, compiles)]
+    if kind == "text" and cfg.attention.name == "full":  # sliding_window is a different function: not a knob
+        kernels = ["sdpa", "eager"] if "attention" in knobs else [cfg.attention.implementation]
+        stage1 = [{**s, "attention": a} for s in stage1 for a in kernels]
     workers = sorted({int(w) for w in cfg.loader.auto_candidates} - {base}) if "num_workers" in knobs else []
     return stage1, workers
 
@@ -112,10 +118,11 @@ def autotune(
     model: nn.Module,
     device: torch.device,
     total_steps: int,
-    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None,
+    knobs: list[str],
 ) -> dict:
-    """Measure, pick, and return {"chosen": setting, "table": [...], "seconds": s}. `reduce`
-    (a sum across DDP ranks) makes every rank pick the same setting from the summed times."""
+    """Measure the `knobs`, pick, and return {"chosen": setting, "table": [...], "seconds": s}.
+    `reduce` (a sum across DDP ranks) makes every rank pick the same setting from the summed times."""
     t0, rng = time.perf_counter(), ckpt_io.rng_state()
     steps = int(cfg.trainer.autotune_steps)
 
@@ -128,7 +135,7 @@ def autotune(
             t.projected = c
         return trials
 
-    stage1, workers = candidates(cfg, data.kind)
+    stage1, workers = candidates(cfg, data.kind, knobs)
     # one untimed eager trial first: the process's one-time costs (lazy init, kernel caches,
     # allocator growth) would otherwise count against whichever setting is timed first
     _time_setting(cfg, data, model, device, {**stage1[0], "compile": False}, steps=1)
@@ -151,7 +158,7 @@ def autotune(
     ]
     seconds = time.perf_counter() - t0
     lines = [f"  {'*' if t is best else ' '} {row}" for t, row in zip(trials, table, strict=True)]
-    log.info("trainer.autotune (%d steps each, %.1f s, run of %d steps):\n%s", steps, seconds, total_steps, "\n".join(lines))
+    log.info("autotune %s (%d steps each, %.1f s, run of %d steps):\n%s", knobs, steps, seconds, total_steps, "\n".join(lines))
     return {"chosen": best.setting, "table": table, "seconds": round(seconds, 2)}
 
 
@@ -160,13 +167,18 @@ def apply_choice(cfg, chosen: dict) -> None:
     OmegaConf.update(cfg, "trainer.channels_last", bool(chosen["channels_last"]))
     OmegaConf.update(cfg, "trainer.compile", bool(chosen["compile"]))
     OmegaConf.update(cfg, "loader.num_workers", int(chosen["num_workers"]))
+    if "attention" in chosen:
+        OmegaConf.update(cfg, "attention.implementation", chosen["attention"])
 
 
 def choice_from_checkpoint(ckpt: dict) -> dict:
     """A resumed run keeps the setting its first session chose (no new trials)."""
     saved = OmegaConf.create(ckpt["config"])
-    return {
+    chosen = {
         "channels_last": bool(saved.trainer.channels_last),
         "compile": bool(saved.trainer.compile),
         "num_workers": int(saved.loader.num_workers),
     }
+    if ckpt["arch"]["kind"] == "text" and saved.attention.name == "full":
+        chosen["attention"] = saved.attention.implementation
+    return chosen

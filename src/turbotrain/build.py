@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.flop_counter import FlopCounterMode
@@ -18,7 +17,7 @@ from turbotrain import distributed as dist
 from turbotrain.autotune import apply_choice, autotune, choice_from_checkpoint
 from turbotrain.config import ConfigError
 from turbotrain.data import DataBundle, build_data
-from turbotrain.data.loader import EpochSampler, build_loader, pick_num_workers
+from turbotrain.data.loader import EpochSampler, build_loader
 from turbotrain.data.resolution import Resolution
 from turbotrain.models import build_for, build_tokenizer_for
 from turbotrain.optim import build_optimizer
@@ -110,27 +109,23 @@ def build(
     batches_in_epoch = min(full_batches, tc.limit_train_batches or full_batches)
     steps_per_epoch = math.ceil(batches_in_epoch / tc.grad_accum_steps)
     total_steps = min(tc.max_epochs * steps_per_epoch, tc.max_steps or math.inf)
-    tuning_workers = tc.autotune and "num_workers" in tc.autotune_knobs
-    if cfg.loader.auto_workers and not tuning_workers:
-        workers, table = pick_num_workers(
-            data.train, batch_size=cfg.data.batch_size, collate_fn=data.collate, candidates=cfg.loader.auto_candidates
-        )
-        log.info("loader.auto_workers: samples/s by num_workers %s -> %d", {k: round(v) for k, v in table.items()}, workers)
-        OmegaConf.update(cfg, "loader.num_workers", workers)
     loader_rng = torch.Generator()
     train_loader, val_loader = _loaders(cfg, data, sampler, loader_rng, info, device)
     compression = apply_surgery(cfg, model, data.kind, train_loader, val_loader, resumed=resume_ckpt is not None)
     params = sum(p.numel() for p in model.parameters())
     flops = count_flops(model, data.collate([data.val[0]])[0] if data.collate else data.val[0][0].unsqueeze(0))
     tuned = None
-    if tc.autotune:
+    if tc.autotune or cfg.loader.auto_workers:  # loader=tuned: the worker count alone, by real steps
         workers = cfg.loader.num_workers
         if resume_ckpt is not None:
             tuned = {"chosen": choice_from_checkpoint(resume_ckpt), "from_checkpoint": True}
         else:
+            knobs = list(tc.autotune_knobs) if tc.autotune else ["num_workers"]
             reduce = dist.all_reduce_sum if info.enabled else None
-            tuned = autotune(cfg, data, model, device, int(total_steps), reduce)
+            tuned = autotune(cfg, data, model, device, int(total_steps), reduce, knobs)
         apply_choice(cfg, tuned["chosen"])
+        if "attention" in tuned["chosen"]:
+            model.set_attn_implementation(tuned["chosen"]["attention"])
         if cfg.loader.num_workers != workers:
             train_loader, val_loader = _loaders(cfg, data, sampler, loader_rng, info, device)
     if info.enabled:

@@ -114,7 +114,7 @@ class DeployConfig:
     latency_repeats: int = 30
     threads: int | None = None
     autotune: bool = False  # time each setting in autotune_knobs for a few steps, keep the fastest
-    autotune_knobs: list[str] = field(default_factory=lambda: ["channels_last", "compile", "num_workers"])
+    autotune_knobs: list[str] = field(default_factory=lambda: ["channels_last", "compile", "num_workers", "attention"])
     autotune_steps: int = 8  # timed steps per setting (after 2 warm-up steps)
 
 
@@ -147,7 +147,7 @@ class SchedConfig:
 class LoaderConfig:
     name: str = "default"
     num_workers: int = 0
-    auto_workers: bool = False  # measure auto_candidates at start and keep the fastest
+    auto_workers: bool = False  # time training steps with each of auto_candidates at start, keep the fastest
     auto_candidates: list[int] = field(default_factory=lambda: [0, 1, 2, 4])
     pin_memory: bool | None = None  # None: when training on CUDA
     persistent_workers: bool = True
@@ -196,7 +196,7 @@ class TrainerConfig:
     nan_check: str = "loss"  # what on_nan=skip checks: the losses (free) | the gradient norm (one more pass)
     threads: int | None = None
     autotune: bool = False  # time each setting in autotune_knobs for a few steps, keep the fastest
-    autotune_knobs: list[str] = field(default_factory=lambda: ["channels_last", "compile", "num_workers"])
+    autotune_knobs: list[str] = field(default_factory=lambda: ["channels_last", "compile", "num_workers", "attention"])
     autotune_steps: int = 8  # timed steps per setting (after 2 warm-up steps)
 
 

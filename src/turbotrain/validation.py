@@ -41,7 +41,7 @@ POSITIVE = (
     "trainer.autotune_steps",
 )
 
-AUTOTUNE_KNOBS = ("channels_last", "compile", "num_workers")  # settings that leave the numerics alone
+AUTOTUNE_KNOBS = ("channels_last", "compile", "num_workers", "attention")  # settings that leave the numerics alone
 
 
 OPEN_UNIT = (  # must lie strictly between 0 and 1 when set

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -78,24 +77,6 @@ def _seed_worker(worker_id: int) -> None:
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
-
-
-def pick_num_workers(dataset: Dataset, *, batch_size: int, collate_fn, candidates, batches: int = 6) -> tuple[int, dict]:
-    """Time `batches` batches of loading (decode + augment + collate) for each worker count and
-    return the fastest, with the table (samples/s per count). Loading only: on a machine where
-    workers share cores with the model, prefer the smallest count near the top."""
-    n = min(len(dataset), batch_size * batches)
-    subset = torch.utils.data.Subset(dataset, range(n))
-    table = {}
-    for workers in candidates:
-        loader = DataLoader(subset, batch_size=batch_size, num_workers=workers, collate_fn=collate_fn)
-        t0 = time.perf_counter()
-        for _ in loader:
-            pass
-        table[int(workers)] = n / (time.perf_counter() - t0)
-    best = max(table.values())
-    # the smallest count within 10% of the best: workers cost cores and memory
-    return min(w for w, rate in table.items() if rate >= 0.9 * best), table
 
 
 def build_loader(

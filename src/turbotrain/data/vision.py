@@ -56,12 +56,16 @@ class TensorImageDataset(Dataset):
     `NormalizeCollate` turns whole batches into normalized float32."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Callable):
-        self.images, self.labels, self.transform = images, labels, transform
+        self.images, self.labels = images, labels
+        # no per-sample work to do: skip transforms v2's dispatch (~2 % of a small model's step)
+        self.transform = None if isinstance(transform, v2.Identity) else transform
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, i: int):
+        if self.transform is None:
+            return self.images[i], int(self.labels[i])
         return self.transform(tv_tensors.Image(self.images[i])).as_subclass(torch.Tensor), int(self.labels[i])
 
 

@@ -18,7 +18,7 @@ from turbotrain.config import ConfigError
 from turbotrain.data import build_data
 from turbotrain.data.text import PadCollate
 from turbotrain.deploy import report as report_io
-from turbotrain.deploy.quantize import BACKEND, quantize_linear_dynamic, quantize_static
+from turbotrain.deploy.quantize import BACKEND, quantize_linear_dynamic, quantize_static, word_embedding_names
 from turbotrain.deploy.script import TextLogits, convert, frozen, interleaved_latency_ms, reload, state_dict_mb
 from turbotrain.models import build_tokenizer_for, from_checkpoint
 
@@ -125,7 +125,11 @@ def export(cfg) -> Path:
             calib = _loader(data.train_eval, 32, shuffle=True, collate=data.collate)
             target = quantize_static(copy.deepcopy(model), calib, cfg.deploy.calibration_batches, inputs)
             dtype = "int8 (static, per-channel weights)"
-        else:  # int8_dynamic, and int8 for text models
+        elif cfg.deploy.name == "int8":  # text models
+            target = copy.deepcopy(model)
+            target = quantize_linear_dynamic(target, word_embedding_names(target, target.model))
+            dtype = "int8 (dynamic Linear layers, weight-only Embeddings)"
+        else:
             target, dtype = quantize_linear_dynamic(copy.deepcopy(model)), "int8 (dynamic, Linear layers)"
         best, timed, module = _fastest_torchscript(target, tuple(a[:1] for a in example), cfg.deploy, arch["kind"])
         export_dir.mkdir(parents=True, exist_ok=True)
