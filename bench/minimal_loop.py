@@ -19,21 +19,33 @@ def process_age_s() -> float:  # as turbotrain.tracking's, without importing the
 
 steps, batch, size = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 torch.manual_seed(0)
-x = torch.rand(batch * 16, 3, size, size)
+n = batch * (steps + 8)  # as many samples as train.py's epoch: the same memory traffic, no cache-resident toy set
+x = torch.rand(n, 3, size, size)
 x = (x - 0.5) / 0.29
-y = torch.randint(0, 10, (batch * 16,))
+y = torch.randint(0, 10, (n,))
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch, shuffle=True, drop_last=True)
-model = torchvision.models.resnet18(num_classes=10)
+cuda = torch.cuda.is_available()  # as train.py's precision=amp: fp16 + GradScaler on CUDA, bf16 on CPU
+device = torch.device("cuda" if cuda else "cpu")
+model = torchvision.models.resnet18(num_classes=10).to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+scaler = torch.amp.GradScaler("cuda") if cuda else None
 ends, first = [], None  # step end times: rates include data loading, as train.py's do
 done = 0
 while done < steps:
     for xb, yb in loader:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.float16 if cuda else torch.bfloat16):
             loss = torch.nn.functional.cross_entropy(model(xb).float(), yb)
-        loss.backward()
-        opt.step()
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
         opt.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
         done += 1
         if first is None:
             first = process_age_s()

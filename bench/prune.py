@@ -41,6 +41,7 @@ def run(base: Path = BASE, pruned: Path = PRUNED, repeats: int = 15) -> Path:
             "seed": "40% FLOPs cut, 99% accuracy kept",
             "ours": f"{cut:.0%} fewer MACs, {kept:.1%} of top-1 kept ({acc['pruned']:.4f} vs {acc['base']:.4f}), "
             f"{faster:.0%} lower batch-32 latency ({ms['pruned']:.1f} vs {ms['base']:.1f} ms)",
+            "ratio": ms["base"] / ms["pruned"],
         }
     ]
     return write("prune", {"runs": [str(base), str(pruned)], "macs": flops, "acc1": acc, "latency_ms_b32": ms, "rows": rows})
