@@ -111,8 +111,9 @@ def evaluate(
 
 def _optimizer_step(model, optimizer, scheduler, precision: Precision, grad_clip: float | None, skip: bool | None) -> bool:
     """Unscale, clip, step, update the scaler. Returns False when the step was skipped: `skip`
-    (the group's losses were not finite, agreed across DDP ranks), or, when `skip` is None, the
-    gradients were (identical on every DDP rank here, so all ranks agree)."""
+    (the group's losses were not finite, agreed across DDP ranks), or the gradient norm was not
+    finite (computed when `skip` is None or for clipping; gradients are identical on every DDP
+    rank here, so all ranks agree)."""
     scaler = precision.scaler
     if scaler is not None:
         scaler.unscale_(optimizer)
@@ -121,7 +122,7 @@ def _optimizer_step(model, optimizer, scheduler, precision: Precision, grad_clip
         if skip is None or grad_clip:
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             norm = nn.utils.get_total_norm(grads) if grads else torch.zeros(())
-        stepped = not skip if skip is not None else bool(torch.isfinite(norm))
+        stepped = not skip and (norm is None or bool(torch.isfinite(norm)))  # with grad_clip the norm is free
         if stepped:
             if grad_clip:
                 nn.utils.clip_grads_with_norm_(model.parameters(), grad_clip, norm)
