@@ -29,6 +29,18 @@ def _mb(module) -> float:
     return buf.tell() / 2**20
 
 
+def _compare(model: nn.Module, int8: nn.Module, example_at, repeats: int) -> dict:
+    """fp32 eager vs fp32 TorchScript vs INT8 TorchScript at batch 1 and 32 (traced per batch
+    size: tracing fixes the shapes), and their sizes. `example_at(batch)` gives the inputs."""
+    out = {}
+    for batch in (1, 32):
+        example = example_at(batch)
+        fns = {"fp32 eager": model, "fp32 torchscript": _scripted(model, example), "int8 torchscript": _scripted(int8, example)}
+        out[f"b{batch}_ms"] = interleaved_latency_ms(fns, example, repeats=repeats)
+        out["mb"] = {"fp32": _mb(model), "fp32 torchscript": _mb(fns["fp32 torchscript"]), "int8": _mb(fns["int8 torchscript"])}
+    return out
+
+
 def _cnn(name: str, size: int, repeats: int) -> dict:
     import torchvision
 
@@ -38,14 +50,8 @@ def _cnn(name: str, size: int, repeats: int) -> dict:
     channels = 1 if name == "small_cnn" else 3
     model.eval()
     calib = [(torch.randn(32, channels, size, size),) for _ in range(8)]
-    out = {}
-    for batch in (1, 32):
-        x = torch.randn(batch, channels, size, size)
-        int8 = quantize_static(copy.deepcopy(model), calib, batches=len(calib), example=torch.randn(1, channels, size, size))
-        fns = {"fp32 eager": model, "fp32 torchscript": _scripted(model, (x,)), "int8 torchscript": _scripted(int8, (x,))}
-        out[f"b{batch}_ms"] = interleaved_latency_ms(fns, x, repeats=repeats)
-        out["mb"] = {"fp32": _mb(model), "fp32 torchscript": _mb(fns["fp32 torchscript"]), "int8": _mb(fns["int8 torchscript"])}
-    return out
+    int8 = quantize_static(copy.deepcopy(model), calib, batches=len(calib), example=torch.randn(1, channels, size, size))
+    return _compare(model, int8, lambda batch: (torch.randn(batch, channels, size, size),), repeats)
 
 
 def _minilm(tokens: int, repeats: int) -> dict:
@@ -56,16 +62,14 @@ def _minilm(tokens: int, repeats: int) -> dict:
 
     path = model_path(OmegaConf.create({"name": "minilm"}))
     model = TextLogits(AutoModelForSequenceClassification.from_pretrained(path, num_labels=6)).eval()
-    out = {}
-    for batch in (1, 32):
+    int8 = copy.deepcopy(model)
+    int8 = quantize_linear_dynamic(int8, word_embedding_names(int8, int8.model))  # as export.py deploy=int8
+
+    def example_at(batch: int) -> tuple:
         ids = torch.randint(1000, 20000, (batch, tokens))
-        example = (ids, torch.ones_like(ids))
-        int8 = copy.deepcopy(model)
-        int8 = quantize_linear_dynamic(int8, word_embedding_names(int8, int8.model))  # as export.py deploy=int8
-        fns = {"fp32 eager": model, "fp32 torchscript": _scripted(model, example), "int8 torchscript": _scripted(int8, example)}
-        out[f"b{batch}_ms"] = interleaved_latency_ms(fns, example, repeats=repeats)
-        out["mb"] = {"fp32": _mb(model), "fp32 torchscript": _mb(fns["fp32 torchscript"]), "int8": _mb(fns["int8 torchscript"])}
-    return out
+        return ids, torch.ones_like(ids)
+
+    return _compare(model, int8, example_at, repeats)
 
 
 def _row(what: str, r: dict) -> dict:
