@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -141,8 +142,29 @@ def test_dynamic_and_progressive_resolution():
     assert [dyn.size(k) for k in range(10)] == [Resolution(cfg, 64, 100, 0).size(k) for k in range(10)]  # resumable
     x = torch.randn(2, 3, 64, 64)
     assert dyn(x, 3).shape[-1] == dyn.size(3)
-    prog = Resolution(make_cfg("data.resolution=progressive", "data.resolution_step=8").data, 64, 100, 0)
-    assert prog.size(0) == 32 and prog.size(40) < prog.size(60) and prog.size(80) == prog.size(99) == 64
+    prog = Resolution(make_cfg("data.resolution=progressive", "data.resolution_step=32").data, 64, 1000, 0)
+    sizes = [prog.size(k) for k in range(1000)]
+    assert set(sizes[:500]) == {32} and set(sizes[800:]) == {64}  # held at 0.5, full size from 80 %
+    ramp = [s == 64 for s in sizes[500:800]]
+    assert 0.3 < sum(ramp) / len(ramp) < 0.7 and sum(ramp[:100]) < sum(ramp[100:200]) < sum(ramp[200:])  # smooth mix
+
+
+def test_resolution_rounds_stochastically_to_the_step():
+    """A 48 px target on a 32 px grid is half 32 px, half 64 px batches: the expected size is kept."""
+    from turbotrain.data.resolution import Resolution
+
+    cfg = make_cfg("data.resolution=dynamic", "data.resolution_step=32", "data.resolution_scale=[0.75,0.75]").data
+    sizes = [Resolution(cfg, 64, 2000, 0).size(k) for k in range(2000)]
+    assert set(sizes) == {32, 64} and abs(sum(sizes) / len(sizes) - 48) < 2
+
+
+def test_progressive_ramp_must_be_ordered():
+    from turbotrain.config import ConfigError
+    from turbotrain.data.resolution import Resolution
+
+    cfg = make_cfg("data.resolution=progressive", "data.progressive_from=0.9", "data.progressive_until=0.8").data
+    with pytest.raises(ConfigError, match="progressive_from"):
+        Resolution(cfg, 64, 100, 0)
 
 
 def test_dynamic_resolution_run_evaluates_at_nominal_size(tmp_path):

@@ -29,8 +29,9 @@ class DataConfig:
     resolution: str = "fixed"  # fixed | dynamic | progressive (training only; eval stays nominal)
     resolution_scale: list[float] = field(default_factory=lambda: [0.8, 1.2])  # dynamic: random scale range
     resolution_step: int = 32  # sizes are multiples of this
-    progressive_start: float = 0.5  # progressive: scale at step 0
-    progressive_until: float = 0.8  # progressive: full size from this fraction of training on
+    progressive_start: float = 0.5  # progressive: scale until progressive_from of training,
+    progressive_from: float = 0.5  # then a linear ramp,
+    progressive_until: float = 0.8  # reaching full size at this fraction of training
     on_bad_sample: str = "skip"  # skip (count + warn, naming files) | error
     augment: list[Any] = field(default_factory=list)
     mean: list[float] | None = None

@@ -31,6 +31,7 @@ CHOICES = {
 
 POSITIVE = (
     "data.batch_size",
+    "data.resolution_step",
     "optim.lr",
     "trainer.grad_accum_steps",
     "trainer.max_epochs",
