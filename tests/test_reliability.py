@@ -49,9 +49,10 @@ def test_kill_9_then_resume_equals_uninterrupted(tmp_path):
     _wait_for_step(killed, proc, 30)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert [p.name for p in (killed / "checkpoints").iterdir() if not p.name.endswith(".pt")] == []
+    load(killed / "checkpoints" / "last.pt")  # intact, even when the kill landed mid-write
     r = run_cli("train.py", *KILLABLE, "trainer.resume=auto", f"hydra.run.dir={killed}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert [p.name for p in (killed / "checkpoints").iterdir() if not p.name.endswith(".pt")] == []  # temps removed
     a, b = load(full / "checkpoints" / "last.pt"), load(killed / "checkpoints" / "last.pt")
     assert a["metrics"] == b["metrics"] and a["state"]["global_step"] == b["state"]["global_step"]
     for k, v in a["model"].items():
@@ -72,6 +73,15 @@ def test_crash_during_checkpoint_write_keeps_previous_file(tmp_path, monkeypatch
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
     assert torch.equal(load(path)["model"]["w"], torch.zeros(3))
+
+
+def test_resume_removes_temp_files_of_a_killed_write(tmp_path):
+    """kill -9 inside atomic_save leaves its temp file (no cleanup runs); the next run removes it."""
+    train(make_cfg(*TINY, "trainer.max_epochs=1"), tmp_path)
+    stale = tmp_path / "checkpoints" / ".last.pt.tmp424242"
+    stale.write_bytes(b"partial bytes")
+    train(make_cfg(*TINY, "trainer.max_epochs=2", "trainer.resume=auto"), tmp_path)
+    assert not stale.exists() and load(tmp_path / "checkpoints" / "last.pt")["state"]["epoch"] == 2
 
 
 def test_sigterm_writes_checkpoint_and_exits_nonzero(tmp_path):

@@ -151,7 +151,7 @@ def autotune(
             **t.setting,
             "step_ms": round(1000 * t.step_s, 2) if math.isfinite(t.step_s) else None,
             "first_step_s": round(t.first_step_s, 2) if math.isfinite(t.first_step_s) else None,
-            "projected_run_s": round(t.projected, 1) if math.isfinite(t.projected) else None,
+            "projected_run_s": round(t.projected, 3) if math.isfinite(t.projected) else None,
             **({"error": t.error} if t.error else {}),
         }
         for t in trials

@@ -44,6 +44,15 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             tmp.unlink()
 
 
+def remove_stale_temps(directory: str | Path) -> list[str]:
+    """Delete the temp files of `atomic_save`s whose writer was killed mid-write (kill -9 skips
+    the cleanup). Call before this run writes anything into `directory`; returns their names."""
+    stale = sorted(Path(directory).glob(".*.tmp*")) if Path(directory).is_dir() else []
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return [t.name for t in stale]
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """The same guarantee for small text files (summary, report, run-dir handshake)."""
     path = Path(path)

@@ -79,6 +79,8 @@ def train(cfg, run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ())
 
 def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: StopFlag, profile_step=None) -> float:
     tc = cfg.trainer
+    if info.is_main and (stale := ckpt_io.remove_stale_temps(run_dir / "checkpoints")):
+        log.info("removed %s: partial checkpoint writes of a killed process", ", ".join(stale))
     resume_path = resolve_resume(tc.resume, run_dir)
     ckpt = ckpt_io.load(resume_path) if resume_path is not None else None
     p = build(cfg, info, device, ckpt, resume_path)
