@@ -147,6 +147,8 @@ def test_dynamic_and_progressive_resolution():
     assert set(sizes[:500]) == {32} and set(sizes[800:]) == {64}  # held at 0.5, full size from 80 %
     ramp = [s == 64 for s in sizes[500:800]]
     assert 0.3 < sum(ramp) / len(ramp) < 0.7 and sum(ramp[:100]) < sum(ramp[100:200]) < sum(ramp[200:])  # smooth mix
+    step = Resolution(make_cfg("data.resolution=progressive", "data.progressive_until=0.5").data, 64, 1000, 0)
+    assert [step.size(k) for k in (0, 499, 500, 999)] == [32, 32, 64, 64]  # from == until: one switch
 
 
 def test_resolution_rounds_stochastically_to_the_step():

@@ -40,7 +40,9 @@ class Resolution:
         t, (begin, end) = step / self.total, self.ramp
         if t >= end:
             return 1.0
-        return self.start + (1 - self.start) * max(0.0, t - begin) / (end - begin)
+        if t <= begin:
+            return self.start
+        return self.start + (1 - self.start) * (t - begin) / (end - begin)
 
     def size(self, step: int) -> int:
         if self.mode == "fixed":
