@@ -145,6 +145,9 @@ def test_wrong_type_fails_at_compose():
         ("optim.lr=-0.1", "optim.lr"),
         ("data.batch_size=0", "data.batch_size"),
         ("trainer.accum_bn=sometimes", "trainer.accum_bn"),
+        ("data.resolution_scale=[1.2,0.8]", "data.resolution_scale"),
+        ("data.progressive_start=0", "data.progressive_start"),
+        ("data.progressive_from=0.9", "data.progressive_from"),  # after progressive_until (0.8)
     ],
 )
 def test_validate_names_the_key(override, key):

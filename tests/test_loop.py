@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -158,15 +157,6 @@ def test_resolution_rounds_stochastically_to_the_step():
     cfg = make_cfg("data.resolution=dynamic", "data.resolution_step=32", "data.resolution_scale=[0.75,0.75]").data
     sizes = [Resolution(cfg, 64, 2000, 0).size(k) for k in range(2000)]
     assert set(sizes) == {32, 64} and abs(sum(sizes) / len(sizes) - 48) < 2
-
-
-def test_progressive_ramp_must_be_ordered():
-    from turbotrain.config import ConfigError
-    from turbotrain.data.resolution import Resolution
-
-    cfg = make_cfg("data.resolution=progressive", "data.progressive_from=0.9", "data.progressive_until=0.8").data
-    with pytest.raises(ConfigError, match="progressive_from"):
-        Resolution(cfg, 64, 100, 0)
 
 
 def test_dynamic_resolution_run_evaluates_at_nominal_size(tmp_path):

@@ -92,6 +92,18 @@ def validate(cfg: Any) -> None:
         value = _get(cfg, key)
         if value is not None and value <= 0:
             raise ConfigError(f"{key}={value!r} must be > 0 or null")
+    _check_resolution(cfg.data)
     unknown = sorted(set(cfg.trainer.autotune_knobs) - set(AUTOTUNE_KNOBS))
     if unknown:
         raise ConfigError(f"trainer.autotune_knobs: unknown knob {unknown[0]!r}; allowed: {', '.join(AUTOTUNE_KNOBS)}")
+
+
+def _check_resolution(data: Any) -> None:
+    lo, hi = data.resolution_scale
+    if not 0 < lo <= hi:
+        raise ConfigError(f"data.resolution_scale={[lo, hi]} must be 0 < low <= high")
+    if not 0 < data.progressive_start <= 1:
+        raise ConfigError(f"data.progressive_start={data.progressive_start} must be in (0, 1] (a fraction of data.image_size)")
+    begin, end = data.progressive_from, data.progressive_until
+    if not 0 <= begin <= end <= 1:
+        raise ConfigError(f"data.progressive_from={begin}, progressive_until={end}: need 0 <= from <= until <= 1")

@@ -17,8 +17,6 @@ import random
 import torch
 from torch.nn import functional as F
 
-from turbotrain.config import ConfigError
-
 
 class Resolution:
     def __init__(self, data_cfg, nominal: int, total_steps: int, seed: int):
@@ -26,13 +24,7 @@ class Resolution:
         self.lo, self.hi = data_cfg.resolution_scale
         self.step = data_cfg.resolution_step
         self.start = data_cfg.progressive_start
-        self.ramp = data_cfg.progressive_from, data_cfg.progressive_until
-        if not 0 < self.lo <= self.hi:
-            raise ConfigError(f"data.resolution_scale={list(data_cfg.resolution_scale)} must be 0 < low <= high")
-        if not 0 <= self.ramp[0] <= self.ramp[1] <= 1:
-            raise ConfigError(
-                f"data.progressive_from={self.ramp[0]}, progressive_until={self.ramp[1]}: need 0 <= from <= until <= 1"
-            )
+        self.ramp = data_cfg.progressive_from, data_cfg.progressive_until  # bounds: validation.py
 
     def scale(self, step: int, rng: random.Random) -> float:
         if self.mode == "dynamic":
