@@ -159,6 +159,22 @@ def test_resolution_rounds_stochastically_to_the_step():
     assert set(sizes) == {32, 64} and abs(sum(sizes) / len(sizes) - 48) < 2
 
 
+def test_warns_when_the_smallest_size_collapses_feature_maps(caplog):
+    """resnet18 downsamples 32x: 32 px batches give its layer4 1x1 maps, 64 px give 2x2."""
+    from torchvision.models import resnet18
+
+    from turbotrain.data.resolution import Resolution, smallest_feature_map, warn_if_maps_collapse
+
+    model = resnet18(num_classes=10)
+    assert [smallest_feature_map(model, 3, s) for s in (32, 64, 96)] == [1, 2, 3]
+    assert model.training  # restored after the eval-mode probe
+    for nominal, start, warned in ((64, 0.5, True), (96, 2 / 3, False)):
+        caplog.clear()
+        cfg = make_cfg("data.resolution=progressive", "data.resolution_step=32", f"data.progressive_start={start}").data
+        warn_if_maps_collapse(model, 3, Resolution(cfg, nominal, 100, 0), "resnet18")
+        assert ("1x1" in caplog.text) is warned, (nominal, caplog.text)
+
+
 def test_dynamic_resolution_run_evaluates_at_nominal_size(tmp_path):
     from conftest import TINY
     from turbotrain.pipeline import train

@@ -18,7 +18,7 @@ from turbotrain.autotune import apply_choice, autotune, choice_from_checkpoint
 from turbotrain.config import ConfigError
 from turbotrain.data import DataBundle, build_data
 from turbotrain.data.loader import EpochSampler, build_loader
-from turbotrain.data.resolution import Resolution
+from turbotrain.data.resolution import Resolution, warn_if_maps_collapse
 from turbotrain.models import build_for, build_tokenizer_for
 from turbotrain.optim import build_optimizer
 from turbotrain.precision import Precision, build_precision
@@ -114,6 +114,10 @@ def build(
     compression = apply_surgery(cfg, model, data.kind, train_loader, val_loader, resumed=resume_ckpt is not None)
     params = sum(p.numel() for p in model.parameters())
     flops = count_flops(model, data.collate([data.val[0]])[0] if data.collate else data.val[0][0].unsqueeze(0))
+    resolution = None
+    if data.kind == "image" and cfg.data.resolution != "fixed":
+        resolution = Resolution(cfg.data, data.image_size, total_steps, tc.seed)
+        warn_if_maps_collapse(model, data.in_channels, resolution, cfg.model.name)
     tuned = None
     if tc.autotune or cfg.loader.auto_workers:  # loader=tuned: the worker count alone, by real steps
         workers = cfg.loader.num_workers
@@ -157,8 +161,6 @@ def build(
         params,
         flops,
         compression,
-        Resolution(cfg.data, data.image_size, total_steps, tc.seed)
-        if data.kind == "image" and cfg.data.resolution != "fixed"
-        else None,
+        resolution,
         tuned,
     )

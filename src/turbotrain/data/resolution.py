@@ -11,11 +11,15 @@ same sizes. README "Training resolution" says when this pays off (scale-augmente
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 
 import torch
+from torch import nn
 from torch.nn import functional as F
+
+log = logging.getLogger("turbotrain")
 
 
 class Resolution:
@@ -45,6 +49,10 @@ class Resolution:
         units = below + (rng.random() < units - below)  # stochastic rounding: E[size] follows the schedule
         return max(self.step, units * self.step)
 
+    def smallest_size(self) -> int:
+        low = self.lo if self.mode == "dynamic" else min(self.start, 1.0) if self.mode == "progressive" else 1.0
+        return max(self.step, math.floor(self.nominal * low / self.step + 1e-9) * self.step)  # 1e-9: 96 * (2/3) is 64
+
     def __call__(self, images: torch.Tensor, step: int) -> torch.Tensor:
         size = self.size(step)
         if size == images.shape[-1] or images.ndim != 4:
@@ -53,3 +61,42 @@ class Resolution:
         out = F.interpolate(images, size=(size, size), mode="bilinear", antialias=antialias, align_corners=False)
         cl = images.is_contiguous(memory_format=torch.channels_last)
         return out.contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
+
+
+def smallest_feature_map(model: nn.Module, channels: int, size: int) -> int:
+    """Side of the smallest map any Conv2d of `model` produces for a `size` px input (one
+    forward on zeros, in eval mode so BatchNorm accepts a batch of one)."""
+    sides: list[int] = []
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: sides.append(min(out.shape[-2:])))
+        for m in model.modules()
+        if isinstance(m, nn.Conv2d)
+    ]
+    training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros(1, channels, size, size))
+    finally:
+        model.train(training)
+        for h in hooks:
+            h.remove()
+    return min(sides, default=size)
+
+
+def warn_if_maps_collapse(model: nn.Module, channels: int, resolution: Resolution, model_name: str) -> None:
+    """At 1x1 maps a 3x3 kernel trains only its centre tap: features learnt there do not carry
+    over to full size (resnet18 at 32 px, README "Training resolution")."""
+    size = resolution.smallest_size()
+    side = smallest_feature_map(model, channels, size)
+    if side < 2:
+        log.warning(
+            "data.resolution=%s trains some batches at %d px, where %s's smallest feature map is %dx%d and its "
+            "kernels learn little that carries over to %d px: raise data.progressive_start / data.resolution_scale",
+            resolution.mode,
+            size,
+            model_name,
+            side,
+            side,
+            resolution.nominal,
+        )
