@@ -18,6 +18,7 @@ assumes."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from bench.common import train_py, write
@@ -29,7 +30,7 @@ RECIPES = {
     "resolution_scale_aug": (
         "flip + RandomResizedCrop(scale 0.35-1)",
         (f"data.augment=[{{name:RandomHorizontalFlip,p:0.5}},{{name:RandomResizedCrop,size:{SIZE},scale:[0.35,1.0]}}]",),
-        0.7,
+        0.6,
     ),
 }
 
@@ -46,7 +47,7 @@ def settings(until: float) -> dict[str, tuple[str, ...]]:
     }
 
 
-def run(epochs: int = 2, batches: int | None = 234, seeds: tuple[int, ...] = (0, 1), recipes=tuple(RECIPES)) -> list[Path]:
+def run(epochs: int = 2, batches: int | None = 234, seeds: tuple[int, ...] = (0, 1, 2), recipes=tuple(RECIPES)) -> list[Path]:
     """Each recipe: fixed and progressive, alternating, once per seed (a run is deterministic per
     seed, so seeds, not repeats, show the accuracy spread)."""
     return [_run(name, epochs, batches, seeds) for name in recipes]
@@ -68,10 +69,21 @@ def _run(recipe: str, epochs: int, batches: int | None, seeds: tuple[int, ...]) 
             _, summary = train_py(*common, *overrides, f"trainer.seed={seed}")
             keys = ("samples_per_s", "best_val_acc1", "train_time_s", "data_wait_frac")
             results[name].append({"seed": seed, **{k: summary[k] for k in keys}})
-    mean = {
-        name: {k: sum(r[k] for r in rs) / len(rs) for k in ("samples_per_s", "best_val_acc1")} for name, rs in results.items()
+    return write(recipe, {"setup": common, "results": results, **summarize(recipe, epochs, batches, results)})
+
+
+def summarize(recipe: str, epochs: int, batches: int | None, results: dict[str, list[dict]]) -> dict:
+    """Speed: median samples/s over the seeds' runs (one slow run on a shared host must not set
+    the ratio). Accuracy: mean over seeds, and each seed's difference to fixed."""
+    label, seeds = RECIPES[recipe][0], [r["seed"] for r in results["fixed"]]
+    summary = {
+        name: {
+            "samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
+            "best_val_acc1": statistics.mean(r["best_val_acc1"] for r in rs),
+        }
+        for name, rs in results.items()
     }
-    base = mean["fixed"]
+    base = summary["fixed"]
     per_seed = {  # accuracy difference to fixed, points, seed by seed
         name: [100 * (r["best_val_acc1"] - f["best_val_acc1"]) for r, f in zip(rs, results["fixed"], strict=True)]
         for name, rs in results.items()
@@ -80,18 +92,18 @@ def _run(recipe: str, epochs: int, batches: int | None, seeds: tuple[int, ...]) 
     rows = [
         {
             "what": f"resnet18 @{SIZE}px Fashion-MNIST ({label}), {epochs} epochs"
-            f"{f' of {batches} batches' if batches else ''}, mean of seeds {list(seeds)}: {name} vs fixed resolution",
+            f"{f' of {batches} batches' if batches else ''}, seeds {seeds}: {name} vs fixed resolution",
             "seed": "+40% speed, +0.3-0.5% accuracy",
-            "ours": f"{m['samples_per_s'] / base['samples_per_s']:.2f}x samples/s, top-1 {m['best_val_acc1']:.4f} vs "
+            "ours": f"{m['samples_per_s'] / base['samples_per_s']:.2f}x median samples/s, mean top-1 {m['best_val_acc1']:.4f} vs "
             f"{base['best_val_acc1']:.4f} ({100 * (m['best_val_acc1'] - base['best_val_acc1']):+.2f} points; per seed "
             + ", ".join(f"{d:+.2f}" for d in per_seed[name])
             + ")",
             "ratio": m["samples_per_s"] / base["samples_per_s"],
         }
-        for name, m in mean.items()
+        for name, m in summary.items()
         if name != "fixed"
     ]
-    return write(recipe, {"setup": common, "results": results, "mean": mean, "rows": rows})
+    return {"summary": summary, "rows": rows}
 
 
 if __name__ == "__main__":
