@@ -1,8 +1,9 @@
 """Training resolution: fixed vs progressive, resnet18 on Fashion-MNIST at a nominal 96 px, the
 same number of epochs and batches, through `python train.py`. Throughput is train samples/s over
-the whole run (summary.json); accuracy is the best val top-1 at the nominal size. One run per
-setting and seed (each takes minutes); a run is deterministic per seed, and at this length fixed
-training alone differs by ~2.5 points between seeds, so single-seed differences are noise-sized.
+the whole run (summary.json; the ratio uses the median over runs); accuracy is the best val
+top-1 at the nominal size, averaged over seeds. One run per setting and seed (each takes
+minutes); a run is deterministic per seed, and at this length fixed training alone spreads ~4
+points across seeds 0-2, so single-seed differences are noise-sized.
 
 Why 96 px: resnet18 downsamples 32x, so at 32 px (half of 64) layer4's 3x3 kernels see 1x1 maps
 and train only their centre taps; 64 -> 96 px keeps layer4 at 2x2 or more. Sizes are multiples of
