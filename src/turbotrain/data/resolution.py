@@ -50,7 +50,7 @@ class Resolution:
         return max(self.step, units * self.step)
 
     def smallest_size(self) -> int:
-        low = self.lo if self.mode == "dynamic" else min(self.start, 1.0) if self.mode == "progressive" else 1.0
+        low = {"dynamic": self.lo, "progressive": self.start}.get(self.mode, 1.0)
         return max(self.step, math.floor(self.nominal * low / self.step + 1e-9) * self.step)  # 1e-9: 96 * (2/3) is 64
 
     def __call__(self, images: torch.Tensor, step: int) -> torch.Tensor:
