@@ -1,15 +1,18 @@
 """Train an image or text classifier: `python train.py [group=option ...] [key=value ...]`."""
 
+import logging
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from turbotrain import sweep
 from turbotrain.config import register_configs
-from turbotrain.distributed import publish_run_dir, torchrun_argv
-from turbotrain.errors import OOM_HINT, USER_ERRORS, exit_on_unknown_option, report
+from turbotrain.distributed import note_run_dir, torchrun_argv
+from turbotrain.errors import OOM_HINT, USER_ERRORS, exit_on_unknown_option, one_line, report
 
 register_configs()
 
@@ -23,17 +26,25 @@ def main(cfg: DictConfig) -> float:
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    publish_run_dir(run_dir)
+    note_run_dir(run_dir)
     try:
         return train(cfg, run_dir, overrides=list(hydra_cfg.overrides.task))
-    except (*USER_ERRORS, TrainingError) as e:
-        report(e)
-        sys.exit(2)
     except Preempted as e:
         report(e)
         sys.exit(128 + e.signum)
-    except torch.OutOfMemoryError as e:
-        report(RuntimeError(f"{OOM_HINT} ({str(e).splitlines()[0]})"))
+    except Exception as e:
+        if isinstance(e, torch.OutOfMemoryError):
+            e = MemoryError(f"{OOM_HINT} ({str(e).splitlines()[0]})")
+        user_error = isinstance(e, (*USER_ERRORS, TrainingError, MemoryError))
+        if hydra_cfg.mode == RunMode.MULTIRUN:  # one failed job must not end the sweep
+            if not user_error:
+                logging.getLogger("turbotrain").exception("job failed")
+            report(e)
+            sweep.record_failure(run_dir, one_line(e))
+            return float("nan")  # Optuna records the trial as failed; every sweeper goes on
+        if not user_error:
+            raise
+        report(e)
         sys.exit(2)
 
 
@@ -41,3 +52,4 @@ if __name__ == "__main__":
     exit_on_unknown_option(sys.argv[1:], Path(__file__).parent / "conf")
     sys.argv = torchrun_argv(sys.argv)
     main()
+    sys.exit(1 if sweep.failed_jobs() else 0)

@@ -54,8 +54,9 @@ def stage_costs(root: Path, n: int = 200) -> dict:
     from PIL import Image
     from torchvision.transforms import v2
 
-    from turbotrain.data.vision import read_rgb
+    from turbotrain.data.vision import RGBReader
 
+    read_rgb = RGBReader(max_pixels=None)  # the decode alone
     files = sorted((root / "train").rglob("*.jpg"))[:n]
     rrc = v2.RandomResizedCrop(64, antialias=True)
     norm = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.25] * 3)])

@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from turbotrain import checkpoint as ckpt_io
+from turbotrain import preemption
 from turbotrain.config import ConfigError
 from turbotrain.data.loader import EpochSampler, build_loader
 from turbotrain.loop import TrainState, train_one_epoch
@@ -83,8 +84,10 @@ def _time_setting(cfg, data, model: nn.Module, device: torch.device, setting: di
             device=device,
             tracker=Tracker(".", enabled=False, logger_cfg=cfg.logger, config={}),
             batches_in_epoch=min(len(loader), WARMUP + steps),
-            on_step=lambda _: ends.append(time.perf_counter()),
+            on_step=lambda _: (ends.append(time.perf_counter()), preemption.stop_now("autotune trials")),
         )
+    except preemption.Preempted:
+        raise
     except Exception as e:  # e.g. torch.compile without a C compiler: that setting is out
         trial.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         return trial

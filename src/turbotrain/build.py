@@ -51,6 +51,14 @@ def count_flops(model: nn.Module, batch) -> int | None:
         model.train(was_training)
 
 
+def _flop_example(data: DataBundle):
+    """A batch of one for FLOP counting. Images: zeros of the nominal size, so a corrupt first
+    validation file cannot stop the run here; text: the first validation sample."""
+    if data.kind == "image":
+        return torch.zeros(1, data.in_channels, data.image_size, data.image_size)
+    return data.collate([data.val[0]])[0]
+
+
 @dataclass
 class Parts:
     data: DataBundle
@@ -87,6 +95,8 @@ def build(
     tc = cfg.trainer
     tokenizer = build_tokenizer_for(cfg.model, cfg.data.max_length)
     data = build_data(cfg.data, tokenizer)
+    if len(data.val) == 0:
+        raise ConfigError(f"data={cfg.data.name}: the validation split is empty; give it samples (val/ images, data.val_fraction)")
     model = build_for(cfg.model, data, tokenizer, cfg.data.max_length)
     initial_weights(model, cfg, resume_ckpt, resume_path)
     bucketed = cfg.data.bucket_by_length
@@ -113,7 +123,7 @@ def build(
     train_loader, val_loader = _loaders(cfg, data, sampler, loader_rng, info, device)
     compression = apply_surgery(cfg, model, data.kind, train_loader, val_loader, resumed=resume_ckpt is not None)
     params = sum(p.numel() for p in model.parameters())
-    flops = count_flops(model, data.collate([data.val[0]])[0] if data.collate else data.val[0][0].unsqueeze(0))
+    flops = count_flops(model, _flop_example(data))
     resolution = None
     if data.kind == "image" and cfg.data.resolution != "fixed":
         resolution = Resolution(cfg.data, data.image_size, total_steps, tc.seed)

@@ -3,7 +3,7 @@
 Layout (format 1):
   model, optimizer, scheduler, scaler   state_dicts (scheduler/scaler may be None)
   state   {epoch, global_step, batch_in_epoch, best_val_acc1, skipped_steps, samples_seen}
-  rng     {torch, cuda, numpy, python}
+  rng     {torch, cuda, numpy, python} of rank 0; rng_ranks: one per rank; world_size
   config  the run's resolved config as a YAML string
   arch    what export/resume need to rebuild the model: {model, num_classes, in_channels,
           image_size, mean, std, class_names}
@@ -12,13 +12,14 @@ Layout (format 1):
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from turbotrain.atomic import atomic_write, atomic_write_link
 
 FORMAT = 1
 
@@ -28,37 +29,8 @@ class CheckpointError(RuntimeError):
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
-    """Write to a temp file in the same dir, fsync, then os.replace: readers never see a
-    partial file under the final name, and a crash leaves the previous file intact."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def remove_stale_temps(directory: str | Path) -> list[str]:
-    """Delete the temp files of `atomic_save`s whose writer was killed mid-write (kill -9 skips
-    the cleanup). Call before this run writes anything into `directory`; returns their names."""
-    stale = sorted(Path(directory).glob(".*.tmp*")) if Path(directory).is_dir() else []
-    for tmp in stale:
-        tmp.unlink(missing_ok=True)
-    return [t.name for t in stale]
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """The same guarantee for small text files (summary, report, run-dir handshake)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """torch.save through `atomic_write`: a crash or a full disk leaves the previous file intact."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
@@ -112,8 +84,11 @@ def load_model_state(model: torch.nn.Module, state_dict: dict, path: str | Path)
         ) from e
 
 
-def payload(*, state_dict, optimizer, scheduler, scaler, state: dict, config_yaml: str, arch: dict, metrics: dict) -> dict:
-    """The checkpoint dict (format 1) for the current training state."""
+def payload(
+    *, state_dict, optimizer, scheduler, scaler, state: dict, config_yaml: str, arch: dict, metrics: dict, rng: list[dict]
+) -> dict:
+    """The checkpoint dict (format 1) for the current training state. `rng`: every rank's RNG
+    state in rank order (one entry without DDP)."""
     return {
         "format": FORMAT,
         "model": state_dict,
@@ -121,17 +96,47 @@ def payload(*, state_dict, optimizer, scheduler, scaler, state: dict, config_yam
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
         "state": state,
-        "rng": rng_state(),
+        "rng": rng[0],
+        "rng_ranks": rng,
+        "world_size": len(rng),
         "config": config_yaml,
         "arch": arch,
         "metrics": metrics,
     }
 
 
-def restore(ckpt: dict, *, optimizer, scheduler, scaler) -> None:
-    """Load optimizer/scheduler/scaler states (the model is loaded when it is built)."""
+def rank_rng(ckpt: dict, rank: int) -> dict:
+    """This rank's saved RNG state (rank 0's for checkpoints from before per-rank states)."""
+    ranks = ckpt.get("rng_ranks") or [ckpt["rng"]]
+    return ranks[rank] if rank < len(ranks) else ranks[0]
+
+
+def nonfinite(ckpt: dict) -> list[str]:
+    """Names of the model and optimizer tensors holding NaN or inf: such a checkpoint is never written."""
+    tensors = [(f"model.{k}", v) for k, v in ckpt["model"].items()]
+    for pid, slots in ckpt["optimizer"]["state"].items():
+        tensors += [(f"optimizer.state.{pid}.{k}", v) for k, v in slots.items() if isinstance(v, torch.Tensor)]
+    return [name for name, t in tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
+def write(ckpt: dict, directory: Path, best: bool) -> None:
+    """last.pt, and best.pt when `best`. best.pt is written first and last.pt becomes a hard link
+    of it: a kill between the two leaves last.pt older, and the resumed run, which repeats that
+    validation, rewrites both; best.pt is never older than the metrics say."""
+    last = directory / "last.pt"
+    if not best:
+        atomic_save(ckpt, last)
+        return
+    atomic_save(ckpt, directory / "best.pt")
+    try:
+        atomic_write_link(directory / "best.pt", last)
+    except OSError:  # a filesystem without hard links: a second write
+        atomic_save(ckpt, last)
+
+
+def restore(ckpt: dict, *, optimizer, scaler) -> None:
+    """Load optimizer/scaler states (the model is loaded when it is built; the scheduler is put at
+    the saved step by resume.continue_schedule)."""
     optimizer.load_state_dict(ckpt["optimizer"])
-    if scheduler is not None and ckpt["scheduler"] is not None:
-        scheduler.load_state_dict(ckpt["scheduler"])
     if scaler is not None and ckpt["scaler"] is not None:
         scaler.load_state_dict(ckpt["scaler"])

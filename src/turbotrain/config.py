@@ -33,6 +33,7 @@ class DataConfig:
     progressive_from: float = 0.5  # then a linear ramp,
     progressive_until: float = 0.8  # reaching full size at this fraction of training
     on_bad_sample: str = "skip"  # skip (count + warn, naming files) | error
+    max_image_pixels: int | None = 89_478_485  # PIL's limit: larger declared sizes are bad samples (null: no limit)
     augment: list[Any] = field(default_factory=list)
     mean: list[float] | None = None
     std: list[float] | None = None
@@ -105,6 +106,7 @@ class DistributedConfig:
     backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
     timeout_s: int = 1800  # a collective waiting longer than this fails the run
     sync_bn: bool = False
+    max_restarts: int = 0  # a failed worker restarts the group this often; restarted workers resume from last.pt
 
 
 @dataclass
@@ -191,6 +193,7 @@ class TrainerConfig:
     compile: bool = False
     channels_last: bool = False
     resume: str | None = None  # path | auto
+    resume_strict: bool = True  # refuse to resume with a config that trains differently (max_epochs/max_steps may grow)
     progress_bar: bool = True
     on_nan: str = "skip"  # non-finite loss: skip the step | stop the run
     nan_patience: int = 20  # consecutive skipped steps before the run counts as diverged

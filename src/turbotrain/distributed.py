@@ -9,12 +9,15 @@ Two ways in, one code path:
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
 import re
+import shutil
+import signal
 import sys
-import time
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +25,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from turbotrain.checkpoint import atomic_write_text
+from turbotrain.atomic import atomic_write_text
+from turbotrain.preemption import Preempted, resume_hint
 
 log = logging.getLogger("turbotrain")
-HANDSHAKE_DIR = Path("outputs/.torchrun")
+RUN_DIR_NOTES = Path("outputs/.torchrun")
 SELF_LAUNCHED = "TURBOTRAIN_DDP_LAUNCHED"
 
 
@@ -69,9 +73,6 @@ def setup(dist_cfg, device_name: str) -> tuple[DistInfo, torch.device]:
         timeout=datetime.timedelta(seconds=dist_cfg.timeout_s),
         device_id=device if device.type == "cuda" else None,
     )
-    handshake = HANDSHAKE_DIR / os.environ.get("TORCHELASTIC_RUN_ID", "-")
-    if info.is_main and handshake.is_file():
-        handshake.unlink()  # every rank has joined the group, so every rank has read it
     if not info.is_main:
         # One run dir, one writer: only rank 0 appends to Hydra's train.log; the other ranks
         # print warnings and errors only.
@@ -114,22 +115,24 @@ def balance_warning(rows: list[list[float]], names: tuple[str, ...], tolerance: 
     return "ranks are unbalanced: " + "; ".join(problems) if problems else None
 
 
-def launch(nproc: int, run_dir: Path, overrides: list[str], timeout_s: int) -> None:
-    """Start `nproc` workers running this same train.py with the same overrides and this run's
-    dir, through torch.distributed's elastic launcher; raise naming the failed rank."""
+def launch(dist_cfg, run_dir: Path, overrides: list[str]) -> None:
+    """Start `dist_cfg.nproc` workers running this same train.py with the same overrides and this
+    run's dir, through torch.distributed's elastic launcher; raise naming the failed rank. A failed
+    worker restarts the whole group up to `distributed.max_restarts` times, continuing from last.pt."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
-        nproc_per_node=nproc,
+        nproc_per_node=dist_cfg.nproc,
         run_id=uuid.uuid4().hex[:12],
         rdzv_backend="c10d",
         rdzv_endpoint="localhost:0",
-        max_restarts=0,
+        max_restarts=dist_cfg.max_restarts,
         monitor_interval=0.5,
-        rdzv_configs={"timeout": timeout_s},
+        rdzv_configs={"timeout": dist_cfg.timeout_s},
     )
     args = [
         os.path.abspath(sys.argv[0]),
@@ -138,40 +141,82 @@ def launch(nproc: int, run_dir: Path, overrides: list[str], timeout_s: int) -> N
         "hydra.output_subdir=null",  # the launcher already wrote .hydra/ for this run
     ]
     os.environ[SELF_LAUNCHED] = "1"  # workers inherit it: their run dir is already agreed
-    log.info("launching %d DDP workers (elastic launcher, c10d rendezvous) into %s", nproc, run_dir)
+    log.info("launching %d DDP workers (elastic launcher, c10d rendezvous) into %s", dist_cfg.nproc, run_dir)
     try:
         elastic_launch(config, sys.executable)(*args)
+    except SignalException as e:  # the agent has passed the signal on; the workers saved last.pt
+        raise Preempted(e.sigval, f"stopped by {e.sigval.name}; {resume_hint(run_dir)}") from e
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
+        if failure.exitcode in (128 + signal.SIGTERM, 128 + signal.SIGINT):  # one worker was told to stop: all saved
+            signum = signal.Signals(failure.exitcode - 128)
+            raise Preempted(signum, f"rank {rank} was stopped by {signum.name}; {resume_hint(run_dir)}") from e
         reason = f"exit code {failure.exitcode}"
         if failure.exitcode is not None and failure.exitcode < 0:
             reason = f"killed by signal {-failure.exitcode}"
         raise LaunchError(f"DDP worker rank {rank} failed ({reason}); see {run_dir}/train.log") from e
 
 
-def torchrun_argv(argv: list[str], wait_s: float = 300.0) -> list[str]:
-    """Under torchrun every rank runs Hydra and would resolve `${now:}` into its own run dir.
-    Rank 0 keeps Hydra's choice and publishes it (`publish_run_dir`); the other ranks wait for
-    it here, before Hydra starts, and join that dir. `--local-rank` (from the legacy
-    torch.distributed.launch) is dropped: Hydra would read it as an override."""
+def _rank0_dir_file() -> Path:
+    """Where rank 0 of a torchrun job notes its run dir, so that rank 0 restarted by the elastic
+    agent (--max-restarts) continues in it. Keyed by the rendezvous id and the agent's pid: the id
+    alone is "none" for every torchrun without --standalone or --rdzv-id."""
+    return RUN_DIR_NOTES / f"{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}-{os.getppid()}"
+
+
+def torchrun_argv(argv: list[str]) -> list[str]:
+    """Under torchrun every rank runs Hydra and would resolve `${now:}` into its own run dir. Rank 0
+    keeps Hydra's choice (or, restarted by the agent, the dir it noted); the other ranks run Hydra
+    in a throw-away dir and learn rank 0's dir through the process group (`agree_run_dir`), so no
+    file on a shared disk can go stale. `--local-rank` (torch.distributed.launch) is dropped: Hydra
+    would read it as an override."""
     argv = [a for a in argv if not re.match(r"--local[-_]rank", a)]
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if not in_worker_env() or not run_id or int(os.environ["RANK"]) == 0:
+    if not in_worker_env() or os.environ.get(SELF_LAUNCHED) or any(a.startswith("hydra.run.dir=") for a in argv):
         return argv
-    if any(a.startswith("hydra.run.dir=") for a in argv):
+    if int(os.environ["RANK"]) == 0:
+        note = _rank0_dir_file()
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        if restarted and note.is_file():
+            return [*argv, f"hydra.run.dir={note.read_text().strip()}", "hydra.output_subdir=null"]
         return argv
-    path = HANDSHAKE_DIR / run_id
-    deadline = time.monotonic() + wait_s
-    while not path.is_file():
-        if time.monotonic() > deadline:
-            raise LaunchError(f"rank {os.environ['RANK']}: rank 0 did not publish its run dir in {path} in {wait_s}s")
-        time.sleep(0.1)
-    return [*argv, f"hydra.run.dir={path.read_text().strip()}", "hydra.output_subdir=null"]
+    scratch = tempfile.mkdtemp(prefix=f"turbotrain-rank{os.environ['RANK']}-")
+    atexit.register(shutil.rmtree, scratch, True)
+    return [*argv, f"hydra.run.dir={scratch}", "hydra.output_subdir=null"]
 
 
-def publish_run_dir(run_dir: Path) -> None:
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if not run_id or not in_worker_env() or int(os.environ["RANK"]) != 0 or os.environ.get(SELF_LAUNCHED):
+def note_run_dir(run_dir: Path) -> None:
+    """Rank 0 under torchrun: remember the run dir for restarts of this job (removed at exit)."""
+    if not in_worker_env() or os.environ.get(SELF_LAUNCHED) or int(os.environ["RANK"]) != 0:
         return
-    HANDSHAKE_DIR.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(HANDSHAKE_DIR / run_id, str(Path(run_dir).resolve()))
+    note = _rank0_dir_file()
+    atomic_write_text(note, str(Path(run_dir).resolve()))
+    atexit.register(note.unlink, True)
+
+
+def agree_run_dir(run_dir: Path, info: DistInfo) -> Path:
+    """Rank 0's run dir, on every rank."""
+    if not info.enabled:
+        return run_dir
+    box = [str(Path(run_dir).resolve())]
+    dist.broadcast_object_list(box, src=0)
+    return Path(box[0])
+
+
+def agree_max(value: int) -> int:
+    """The largest `value` over all ranks (one tiny all-reduce; the value itself without DDP)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def gather_objects(obj) -> list:
+    """Every rank's `obj`, on every rank, in rank order."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

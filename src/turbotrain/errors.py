@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 
+from turbotrain.atomic import WriteError
 from turbotrain.checkpoint import CheckpointError
 from turbotrain.config import ConfigError, check_group_options
 from turbotrain.data.safe import DataError
 from turbotrain.distributed import LaunchError
 
-USER_ERRORS = (ConfigError, CheckpointError, LaunchError, DataError, FileNotFoundError)
+USER_ERRORS = (ConfigError, CheckpointError, LaunchError, DataError, FileNotFoundError, WriteError)
 
 OOM_HINT = (
     "out of memory: lower data.batch_size (keep the global batch with trainer.grad_accum_steps), use "

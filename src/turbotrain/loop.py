@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from turbotrain import preemption
 from turbotrain.precision import Precision
 from turbotrain.tracking import Tracker, gpu_util, peak_mem_mb
 
@@ -32,11 +33,11 @@ class TrainState:
 
 
 class Diverged(RuntimeError):
-    """The loss stayed non-finite (trainer.on_nan=stop, or nan_patience exhausted)."""
+    """The loss stayed non-finite (trainer.on_nan=stop, or nan_patience exhausted), or the weights did."""
 
-    def __init__(self, step: int, loss: float):
-        super().__init__(f"loss is {loss} at step {step}")
-        self.step, self.loss = step, loss
+    def __init__(self, step: int, reason: str):
+        super().__init__(f"{reason} at step {step}")
+        self.step = step
 
 
 def to_device(batch, device: torch.device, channels_last: bool = False):
@@ -88,8 +89,8 @@ def evaluate(
         model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, correct1, correct5, n
     for i, batch in enumerate(loader):
-        if max_batches is not None and i >= max_batches:
-            break
+        if (max_batches is not None and i >= max_batches) or preemption.requested() is not None:
+            break  # a stop request: the caller discards these partial figures
         inputs, target = to_device(batch, device, channels_last)
         with precision.autocast():
             logits = forward(model, inputs)
@@ -200,7 +201,7 @@ def train_one_epoch(
                 logits = forward(model, inputs)
                 loss = F.cross_entropy(logits.float(), target)
             if trainer_cfg.on_nan == "stop" and not torch.isfinite(loss):
-                raise Diverged(state.global_step, loss.item())
+                raise Diverged(state.global_step, f"loss is {loss.item()}")
             if check_loss:
                 nonfinite += (~torch.isfinite(loss.detach())).float()
             scaled = loss / group_len
@@ -225,7 +226,7 @@ def train_one_epoch(
             state.skipped_steps += 1
             state.nan_streak += 1
             if state.nan_streak >= trainer_cfg.nan_patience:
-                raise Diverged(state.global_step, loss.item())
+                raise Diverged(state.global_step, f"loss is {loss.item()}")
         state.global_step += 1
         if state.global_step % trainer_cfg.log_every_n_steps == 0:
             # every rank reaches this step together: summing across ranks here cannot deadlock

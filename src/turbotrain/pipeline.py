@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import signal
 import time
@@ -15,13 +16,15 @@ from omegaconf import OmegaConf
 
 from turbotrain import checkpoint as ckpt_io
 from turbotrain import distributed as dist
+from turbotrain import resume
+from turbotrain.atomic import remove_stale_temps
 from turbotrain.build import Parts, build
 from turbotrain.compression import prune
 from turbotrain.loop import Diverged, TrainState, evaluate, train_one_epoch
 from turbotrain.models import describe
-from turbotrain.preemption import Preempted, StopFlag, watch_signals
+from turbotrain.preemption import Preempted, StopFlag, resume_hint, stop_now, watch_signals
 from turbotrain.profiling import profiler
-from turbotrain.tracking import Tracker, peak_mem_mb, process_age_s
+from turbotrain.tracking import Tracker, peak_mem_mb, process_age_s, trim_metrics
 from turbotrain.validation import validate
 
 log = logging.getLogger("turbotrain")
@@ -37,123 +40,156 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
-    if not resume:
-        return None
-    if resume == "auto":
-        last = run_dir / "checkpoints" / "last.pt"
-        if last.is_file():
-            return last
-        log.info("trainer.resume=auto: no %s yet, starting fresh", last)
-        return None
-    return Path(resume).expanduser()
-
-
 def train(cfg, run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> float:
     """Run training as configured; returns the best validation top-1 (for sweepers).
     `overrides` are the command line's, handed to DDP workers when this process launches them."""
     validate(cfg)
     run_dir = Path(run_dir)
     if cfg.distributed.name == "ddp" and not dist.in_worker_env():
-        dist.launch(cfg.distributed.nproc, run_dir, list(overrides), cfg.distributed.timeout_s)
+        resume.check_run_dir_free(run_dir, cfg.trainer.resume)  # fail here, not in a worker
+        dist.launch(cfg.distributed, run_dir, list(overrides))
         return json.loads((run_dir / "summary.json").read_text())["best_val_acc1"]
     seed_everything(cfg.trainer.seed)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    info, device = dist.setup(cfg.distributed, cfg.trainer.device)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # fixed shapes per run: let cuDNN pick its fastest kernels
-    try:
-        with watch_signals() as stop, profiler(cfg.profiler, run_dir, device, info.is_main) as profile_step:
-            return _fit(cfg, run_dir, info, device, stop, profile_step)
-    except Diverged as e:
-        last = run_dir / "checkpoints" / "last.pt"
-        good = f"last good checkpoint: {last}" if last.is_file() else "no checkpoint was written yet"
-        raise TrainingError(
-            f"training diverged: {e} (trainer.on_nan={cfg.trainer.on_nan}); {good}. "
-            "Try a lower optim.lr, trainer.grad_clip, or precision=fp32"
-        ) from e
-    finally:
-        dist.teardown(info)
+    with watch_signals() as stop:
+        info, device = dist.setup(cfg.distributed, cfg.trainer.device)
+        try:
+            run_dir = dist.agree_run_dir(run_dir, info)
+            if device.type == "cuda":
+                torch.backends.cudnn.benchmark = True  # fixed shapes per run: let cuDNN pick its fastest kernels
+            with profiler(cfg.profiler, run_dir, device, info.is_main) as profile_step:
+                return Run(cfg, run_dir, info, device, stop, profile_step).fit()
+        except Diverged as e:
+            last = run_dir / "checkpoints" / "last.pt"
+            good = f"last good checkpoint: {last}" if last.is_file() else "no checkpoint was written yet"
+            raise TrainingError(
+                f"training diverged: {e} (trainer.on_nan={cfg.trainer.on_nan}); {good}. "
+                "Try a lower optim.lr, trainer.grad_clip, or precision=fp32"
+            ) from e
+        finally:
+            dist.teardown(info)
 
 
-def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: StopFlag, profile_step=None) -> float:
-    tc = cfg.trainer
-    if info.is_main and (stale := ckpt_io.remove_stale_temps(run_dir / "checkpoints")):
-        log.info("removed %s: partial checkpoint writes of a killed process", ", ".join(stale))
-    resume_path = resolve_resume(tc.resume, run_dir)
-    ckpt = ckpt_io.load(resume_path) if resume_path is not None else None
-    p = build(cfg, info, device, ckpt, resume_path)
-    reduce = dist.all_reduce_sum if info.enabled else None
-    state, rng = TrainState(), None
-    if ckpt is not None:
-        ckpt_io.restore(ckpt, optimizer=p.optimizer, scheduler=p.scheduler, scaler=p.precision.scaler)
-        state, rng = TrainState(**ckpt["state"]), ckpt["rng"]
-        log.info("resumed from %s at epoch %d, step %d", resume_path, state.epoch, state.global_step)
-    tracker = Tracker(
-        run_dir,
-        enabled=info.is_main,
-        logger_cfg=cfg.logger,
-        config=OmegaConf.to_container(cfg, resolve=True),
-        progress_bar=tc.progress_bar,
-    )
-    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    d = p.data
-    arch = describe(cfg, d, p.model)
-    metrics: dict = {}
+class Run:
+    """One training session in its run dir: start (or resume), the epoch loop, checkpoints."""
 
-    def save(name: str) -> None:
+    def __init__(self, cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: StopFlag, profile_step):
+        self.cfg, self.run_dir, self.info, self.device = cfg, run_dir, info, device
+        self.stop, self.profile_step = stop, profile_step
+        self.ckpt_dir = run_dir / "checkpoints"
+        tc = cfg.trainer
         if info.is_main:
-            ckpt_io.atomic_save(
-                ckpt_io.payload(
-                    state_dict=prune.plain_state_dict(p.model),
-                    optimizer=p.optimizer,
-                    scheduler=p.scheduler,
-                    scaler=p.precision.scaler,
-                    state=state.as_dict(),
-                    config_yaml=config_yaml,
-                    arch=arch,
-                    metrics=metrics,
-                ),
-                run_dir / "checkpoints" / f"{name}.pt",
+            resume.check_run_dir_free(run_dir, tc.resume)
+            if stale := remove_stale_temps(self.ckpt_dir):
+                log.info("removed %s: partial checkpoint writes of a killed process", ", ".join(stale))
+        resume_path = resume.resolve(tc.resume, run_dir)
+        ckpt = ckpt_io.load(resume_path) if resume_path is not None else None
+        if ckpt is not None:
+            resume.check_config(ckpt, cfg, info.world_size, resume_path)
+        self.p: Parts = build(cfg, info, device, ckpt, resume_path)
+        stop_now("start-up (data, model, autotune, compression)")
+        self.state, self.metrics = TrainState(), {}
+        if ckpt is not None:
+            ckpt_io.restore(ckpt, optimizer=self.p.optimizer, scaler=self.p.precision.scaler)
+            resume.continue_schedule(self.p.scheduler, ckpt["scheduler"])
+            self.state, self.metrics = TrainState(**ckpt["state"]), ckpt["metrics"]
+            ckpt_io.set_rng_state(ckpt_io.rank_rng(ckpt, info.rank))
+            log.info("resumed from %s at epoch %d, step %d", resume_path, self.state.epoch, self.state.global_step)
+        if info.is_main and (dropped := trim_metrics(run_dir, self.state.global_step)):
+            log.info("metrics.jsonl: dropped %d line(s) written after the checkpoint or cut off by a kill", dropped)
+        self.tracker = Tracker(
+            run_dir,
+            enabled=info.is_main,
+            logger_cfg=cfg.logger,
+            config=OmegaConf.to_container(cfg, resolve=True),
+            progress_bar=tc.progress_bar,
+        )
+        self.config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+        self.arch = describe(cfg, self.p.data, self.p.model)
+        self.first_step_s: float | None = None  # process age at the first optimizer step (start-up cost)
+        self.session = torch.zeros(3, dtype=torch.float64)  # samples (all ranks), seconds, data-wait seconds
+        self.balance: list[list[float]] = []
+
+    # -- checkpoints and stopping -------------------------------------------------------------
+
+    def save(self, best: bool = False) -> None:
+        """Every rank calls this at the same point (the RNG states are gathered); rank 0 writes.
+        Non-finite weights or optimizer state are never written: the run stops instead."""
+        p, s = self.p, self.state
+        state_dict = prune.plain_state_dict(p.model)
+        bad = ckpt_io.nonfinite({"model": state_dict, "optimizer": p.optimizer.state_dict()})
+        if bad:
+            raise Diverged(
+                s.global_step,
+                f"{len(bad)} tensor(s) are not finite after step {s.global_step} (first: {bad[0]}); a finite loss "
+                "had non-finite gradients? trainer.nan_check=grads skips such steps",
             )
+        rng = dist.gather_objects(ckpt_io.rng_state())
+        if not self.info.is_main:
+            return
+        ckpt = ckpt_io.payload(
+            state_dict=state_dict,
+            optimizer=p.optimizer,
+            scheduler=p.scheduler,
+            scaler=p.precision.scaler,
+            state=s.as_dict(),
+            config_yaml=self.config_yaml,
+            arch=self.arch,
+            metrics=self.metrics,
+            rng=rng,
+        )
+        ckpt_io.write(ckpt, self.ckpt_dir, best=best)
 
-    first_step: list[float] = []  # process age at the first optimizer step (start-up cost)
+    def stop_if_asked(self) -> None:
+        """Ranks agree on a stop (a signal may reach one rank a step before another): all save at
+        the same step and exit 128 + signal."""
+        signum = self.stop.signum or 0
+        if self.info.enabled:
+            signum = dist.agree_max(signum)
+        if not signum:
+            return
+        self.save()
+        raise Preempted(
+            signum,
+            f"stopped by {signal.Signals(signum).name} at step {self.state.global_step}; checkpoint written to "
+            f"{self.ckpt_dir / 'last.pt'}; {resume_hint(self.run_dir)}",
+        )
 
-    def on_step(s: TrainState) -> None:
-        if not first_step:
-            first_step.append(process_age_s())
-        if profile_step is not None:
-            profile_step()
-        if stop.signum is not None:
-            save("last")
-            name = signal.Signals(stop.signum).name
-            raise Preempted(
-                stop.signum,
-                f"stopped by {name} at step {s.global_step}; checkpoint written to {run_dir}/checkpoints/last.pt."
-                f" Resume with: python train.py trainer.resume=auto hydra.run.dir={run_dir} (plus your overrides)",
-            )
-        if tc.checkpoint_every_n_steps and s.global_step % tc.checkpoint_every_n_steps == 0:
-            save("last")
+    def on_step(self, s: TrainState) -> None:
+        if self.first_step_s is None:
+            self.first_step_s = process_age_s()
+        if self.profile_step is not None:
+            self.profile_step()
+        self.stop_if_asked()
+        every = self.cfg.trainer.checkpoint_every_n_steps
+        if every and s.global_step % every == 0:
+            self.save()
 
-    log.info(
-        "model %s: %.2fM params, %s FLOPs/sample; %d train / %d val samples; device %s x%d, precision %s",
-        cfg.model.name,
-        p.params / 1e6,
-        f"{p.flops / 1e6:.1f}M" if p.flops else "?",
-        len(d.train),
-        len(d.val),
-        device,
-        info.world_size,
-        p.precision.name if p.precision.dtype is None else f"{p.precision.name} ({p.precision.dtype})",
-    )
-    if rng is not None:
-        ckpt_io.set_rng_state(rng)
-    session = torch.zeros(3, dtype=torch.float64)  # samples (all ranks), seconds, data-wait seconds
-    balance: list[list[float]] = []
-    while state.epoch < tc.max_epochs and not (tc.max_steps and state.global_step >= tc.max_steps):
-        p.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * cfg.data.batch_size)
-        p.loader_rng.manual_seed(tc.seed * 1_000_003 + state.epoch + 1)
+    # -- the loop ------------------------------------------------------------------------------
+
+    def fit(self) -> float:
+        tc, p, state = self.cfg.trainer, self.p, self.state
+        self._log_start()
+        while state.epoch < tc.max_epochs and not (tc.max_steps and state.global_step >= tc.max_steps):
+            stats = self._train_epoch()
+            val = self._validate(stats)
+            if state.batch_in_epoch >= p.batches_in_epoch:
+                state.epoch += 1
+                state.batch_in_epoch = 0
+            improved = val["acc1"] > state.best_val_acc1
+            state.best_val_acc1 = max(state.best_val_acc1, val["acc1"])
+            self.save(best=improved)
+        prune.make_permanent(p.model)
+        self.tracker.summary(self._summary())
+        self.tracker.close()
+        return state.best_val_acc1
+
+    def _train_epoch(self) -> dict:
+        tc, p, state, info = self.cfg.trainer, self.p, self.state, self.info
+        p.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * self.cfg.data.batch_size)
+        # own worker seeds per rank: ranks must not share one augmentation stream
+        p.loader_rng.manual_seed(tc.seed * 1_000_003 + state.epoch + 1 + 1_000_000_007 * info.rank)
         stats = train_one_epoch(
             p.train_model,
             p.train_loader,
@@ -162,90 +198,95 @@ def _fit(cfg, run_dir: Path, info: dist.DistInfo, device: torch.device, stop: St
             p.precision,
             state,
             trainer_cfg=tc,
-            device=device,
-            tracker=tracker,
+            device=self.device,
+            tracker=self.tracker,
             batches_in_epoch=p.batches_in_epoch,
-            on_step=on_step,
-            reduce=reduce,
+            on_step=self.on_step,
+            reduce=dist.all_reduce_sum if info.enabled else None,
             resize=p.resize,
         )
-        session += torch.tensor([stats["samples"] * info.world_size, stats["time_s"], stats["wait_s"]])
-        balance = dist.gather_floats([peak_mem_mb(device), stats["time_s"]], device)
-        warning = dist.balance_warning(balance, ("peak_mem_mb", "epoch_time_s")) if info.enabled else None
+        self.session += torch.tensor([stats["samples"] * info.world_size, stats["time_s"], stats["wait_s"]])
+        self.balance = dist.gather_floats([peak_mem_mb(self.device), stats["time_s"]], self.device)
+        warning = dist.balance_warning(self.balance, ("peak_mem_mb", "epoch_time_s")) if info.enabled else None
         if warning and info.is_main:
             log.warning(warning)
+        return stats
+
+    def _validate(self, stats: dict) -> dict:
+        tc, p, state, info = self.cfg.trainer, self.p, self.state, self.info
         val = evaluate(
             p.train_model,
             p.val_loader,
-            device=device,
+            device=self.device,
             precision=p.precision,
             max_batches=tc.limit_val_batches,
             channels_last=tc.channels_last,
-            reduce=reduce,
+            reduce=dist.all_reduce_sum if info.enabled else None,
         )
-        metrics = {f"val_{k}": v for k, v in val.items()}
-        tracker.log(
+        self.stop_if_asked()  # validation stops within a batch; the epoch's training is saved
+        self.metrics = {f"val_{k}": v for k, v in val.items()}
+        sps = stats["samples_per_s"] * info.world_size
+        self.tracker.log(
             step=state.global_step,
             epoch=state.epoch,
             split="val",
             **{k: val[k] for k in ("loss", "acc1", "acc5")},
             lr=p.optimizer.param_groups[0]["lr"],
-            samples_per_s=stats["samples_per_s"] * info.world_size,
+            samples_per_s=sps,
             data_wait_frac=stats["data_wait_frac"],
-            peak_mem_mb=peak_mem_mb(device),
+            peak_mem_mb=peak_mem_mb(self.device),
         )
         log.info(
             "epoch %d step %d: val loss %.4f acc1 %.4f acc5 %.4f | train %.0f samples/s, data wait %.1f%%",
-            state.epoch,
-            state.global_step,
-            val["loss"],
-            val["acc1"],
-            val["acc5"],
-            stats["samples_per_s"] * info.world_size,
+            *(state.epoch, state.global_step, val["loss"], val["acc1"], val["acc5"], sps),
             100 * stats["data_wait_frac"],
         )
-        if state.batch_in_epoch >= p.batches_in_epoch:
-            state.epoch += 1
-            state.batch_in_epoch = 0
-        improved = val["acc1"] > state.best_val_acc1
-        state.best_val_acc1 = max(state.best_val_acc1, val["acc1"])
-        save("last")
-        if improved:
-            save("best")
-    prune.make_permanent(p.model)
-    tracker.summary(_summary(cfg, p, state, metrics, session, balance, first_step, device, info, run_dir))
-    tracker.close()
-    return state.best_val_acc1
+        return val
 
+    def _log_start(self) -> None:
+        p, d = self.p, self.p.data
+        log.info(
+            "model %s: %.2fM params, %s FLOPs/sample; %d train / %d val samples; device %s x%d, precision %s",
+            self.cfg.model.name,
+            p.params / 1e6,
+            f"{p.flops / 1e6:.1f}M" if p.flops else "?",
+            len(d.train),
+            len(d.val),
+            self.device,
+            self.info.world_size,
+            p.precision.name if p.precision.dtype is None else f"{p.precision.name} ({p.precision.dtype})",
+        )
 
-def _summary(cfg, p: Parts, state: TrainState, metrics: dict, session, balance, first_step, device, info, run_dir: Path) -> dict:
-    """summary.json: the run's final figures (DESIGN's contract)."""
-    samples, seconds, wait = session.tolist()
-    return {
-        "best_val_acc1": state.best_val_acc1,
-        **metrics,
-        "epochs": state.epoch,
-        "steps": state.global_step,
-        "skipped_steps": state.skipped_steps,
-        "bad_samples": state.bad_samples,
-        "train_time_s": state.train_time_s,
-        "samples_per_s": samples / seconds if seconds else None,
-        "data_wait_frac": wait / seconds if seconds else None,
-        "peak_mem_mb": peak_mem_mb(device),
-        "time_to_first_step_s": first_step[0] if first_step else None,
-        "params": p.params,
-        "flops": p.flops,
-        "device": str(device),
-        "world_size": info.world_size,
-        "rank_peak_mem_mb": [row[0] for row in balance],
-        "rank_epoch_time_s": [row[1] for row in balance],
-        "precision": p.precision.name,
-        "compression": p.compression,
-        "autotune": p.autotune,
-        "num_workers": cfg.loader.num_workers,  # effective settings (after loader/trainer autotune)
-        "channels_last": cfg.trainer.channels_last,
-        "compile": cfg.trainer.compile,
-        "torch": torch.__version__,
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "best_checkpoint": str(run_dir / "checkpoints" / "best.pt"),
-    }
+    def _summary(self) -> dict:
+        """summary.json: the run's final figures."""
+        cfg, p, state = self.cfg, self.p, self.state
+        samples, seconds, wait = self.session.tolist()
+        return {
+            "best_val_acc1": state.best_val_acc1,
+            **self.metrics,
+            "epochs": state.epoch,
+            "steps": state.global_step,
+            "skipped_steps": state.skipped_steps,
+            "bad_samples": state.bad_samples,
+            "train_time_s": state.train_time_s,
+            "samples_per_s": samples / seconds if seconds else None,
+            "data_wait_frac": wait / seconds if seconds else None,
+            "peak_mem_mb": peak_mem_mb(self.device),
+            "time_to_first_step_s": self.first_step_s,
+            "params": p.params,
+            "flops": p.flops,
+            "device": str(self.device),
+            "world_size": self.info.world_size,
+            "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "rank_peak_mem_mb": [row[0] for row in self.balance],
+            "rank_epoch_time_s": [row[1] for row in self.balance],
+            "precision": p.precision.name,
+            "compression": p.compression,
+            "autotune": p.autotune,
+            "num_workers": cfg.loader.num_workers,  # effective settings (after loader/trainer autotune)
+            "channels_last": cfg.trainer.channels_last,
+            "compile": cfg.trainer.compile,
+            "torch": torch.__version__,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "best_checkpoint": str(self.ckpt_dir / "best.pt"),
+        }

@@ -1,4 +1,5 @@
-"""SIGTERM/SIGINT (preemption, Ctrl-C): finish the current optimizer step, write last.pt, exit."""
+"""SIGTERM/SIGINT (preemption, Ctrl-C): stop within one batch wherever the run is, write last.pt
+when there is training worth keeping, exit 128 + signal."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 
 class Preempted(RuntimeError):
@@ -20,11 +22,32 @@ class StopFlag:
     signum: int | None = None
 
 
+_current = StopFlag()  # the flag of the innermost watch_signals block (a fresh one outside any)
+
+
+def resume_hint(run_dir: Path | str) -> str:
+    return f"resume with: python train.py trainer.resume=auto hydra.run.dir={run_dir} (plus your overrides)"
+
+
+def requested() -> int | None:
+    """The signal received in this process since watching began, if any. Loops that run outside the
+    optimizer step (validation, start-up, autotune trials, fine-tuning) poll it once per batch."""
+    return _current.signum
+
+
+def stop_now(where: str) -> None:
+    """Raise Preempted when a signal has arrived and nothing is worth saving at this point."""
+    if _current.signum is not None:
+        name = signal.Signals(_current.signum).name
+        raise Preempted(_current.signum, f"stopped by {name} during {where}; no training was lost (none had started)")
+
+
 @contextlib.contextmanager
 def watch_signals() -> Iterator[StopFlag]:
-    """Within the block, SIGTERM/SIGINT only set `flag.signum`; the training loop checks it after
-    each optimizer step. A second signal gets the default behaviour (immediate exit)."""
-    flag = StopFlag()
+    """Within the block, SIGTERM/SIGINT only set `flag.signum`; the loops check it once per batch.
+    A second signal gets the default behaviour (immediate exit)."""
+    global _current
+    flag, outer = StopFlag(), _current
     if threading.current_thread() is not threading.main_thread():
         yield flag  # signal handlers can only be set from the main thread
         return
@@ -37,8 +60,10 @@ def watch_signals() -> Iterator[StopFlag]:
 
     for s in previous:
         signal.signal(s, handler)
+    _current = flag
     try:
         yield flag
     finally:
+        _current = outer
         for s, h in previous.items():
             signal.signal(s, h)

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from turbotrain import checkpoint as ckpt_io
+from turbotrain import preemption
 from turbotrain.compression import apply_compression, prune
 from turbotrain.config import ConfigError
 from turbotrain.loop import TrainState, evaluate, forward, train_one_epoch
@@ -77,6 +78,7 @@ def apply_surgery(cfg, model: nn.Module, kind: str, train_loader, val_loader, re
                 device=cpu,
                 tracker=tracker,
                 batches_in_epoch=min(len(train_loader), steps * tc.grad_accum_steps),
+                on_step=lambda _: preemption.stop_now("pruning fine-tuning"),
             )
 
     example = next(iter(val_loader))[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 from pathlib import Path
@@ -11,8 +12,21 @@ from typing import Any
 import yaml
 from hydra.experimental.callback import Callback
 
+from turbotrain.atomic import atomic_write_text
+
 log = logging.getLogger("turbotrain")
-COLUMNS = ("job", "overrides", "best_val_acc1", "val_loss", "train_time_s", "samples_per_s", "status")
+COLUMNS = ("job", "overrides", "best_val_acc1", "val_loss", "train_time_s", "samples_per_s", "status", "error")
+ERROR_FILE = "error.txt"
+_failed: list[str] = []  # jobs of this process's last sweep that failed (train.py's exit code)
+
+
+def record_failure(job_dir: Path, message: str) -> None:
+    """A job's one-line error, for the sweep summary."""
+    atomic_write_text(Path(job_dir) / ERROR_FILE, message + "\n")
+
+
+def failed_jobs() -> list[str]:
+    return list(_failed)
 
 
 def collect(sweep_dir: Path) -> list[dict]:
@@ -21,8 +35,10 @@ def collect(sweep_dir: Path) -> list[dict]:
     for job in sorted(p for p in sweep_dir.iterdir() if (p / ".hydra" / "overrides.yaml").is_file()):
         overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
         row = {"job": job.name, "overrides": " ".join(overrides), "status": "failed"}
-        summary = job / "summary.json"
-        if summary.is_file():
+        summary, error = job / "summary.json", job / ERROR_FILE
+        if error.is_file():
+            row["error"] = error.read_text().strip()
+        elif summary.is_file():
             s = json.loads(summary.read_text())
             row.update({k: s.get(k) for k in COLUMNS[2:6]}, status="ok")
         rows.append(row)
@@ -30,17 +46,18 @@ def collect(sweep_dir: Path) -> list[dict]:
 
 
 def write(sweep_dir: Path, rows: list[dict]) -> None:
-    with open(sweep_dir / "sweep_summary.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(sweep_dir / "sweep_summary.csv", table.getvalue())
 
     def cell(v: Any) -> str:
         return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
 
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell(r.get(c)) for c in COLUMNS) + " |" for r in rows]
-    (sweep_dir / "sweep_summary.md").write_text("\n".join(lines) + "\n")
+    atomic_write_text(sweep_dir / "sweep_summary.md", "\n".join(lines) + "\n")
 
 
 class SweepSummary(Callback):
@@ -56,6 +73,10 @@ class SweepSummary(Callback):
             return
         rows = collect(sweep_dir)
         write(sweep_dir, rows)
+        _failed[:] = [r["job"] for r in rows if r["status"] != "ok"]
+        for r in rows:
+            if r["status"] != "ok":
+                log.error("job %s (%s) failed: %s", r["job"], r["overrides"], r.get("error", "no summary.json"))
         if rows:
             log.info(
                 "sweep summary (%d jobs, best %s: %s) -> %s",

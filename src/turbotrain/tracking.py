@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from turbotrain.checkpoint import atomic_write_text
+from turbotrain.atomic import atomic_write_text
 
 log = logging.getLogger("turbotrain")
 
@@ -68,6 +68,28 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # JSON has no NaN/inf
     return value
+
+
+def trim_metrics(run_dir: Path, upto_step: int) -> int:
+    """Before a resumed run appends to metrics.jsonl: drop a partial last line (the previous
+    process was killed mid-write) and the events after the checkpoint's step (the resumed run logs
+    them again), so the file reads as if the run had never stopped. Returns the lines dropped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            event = json.loads(line) if line.endswith("\n") else None
+        except json.JSONDecodeError:
+            event = None
+        if event is None or event.get("step", 0) > upto_step:
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        atomic_write_text(path, "".join(kept))
+    return dropped
 
 
 class Tracker:

@@ -29,29 +29,91 @@ CHOICES = {
     "profiler.name": ("none", "torch"),
 }
 
-POSITIVE = (
-    "data.batch_size",
-    "data.resolution_step",
-    "optim.lr",
-    "trainer.grad_accum_steps",
-    "trainer.max_epochs",
-    "trainer.log_every_n_steps",
-    "distributed.nproc",
-    "compression.steps",
-    "distributed.timeout_s",
-    "trainer.autotune_steps",
-)
+# Bounded numeric keys: (low, high, low inclusive, high inclusive); None means unbounded. A key
+# whose value is null (where the schema allows it) means "the default" and is not checked.
+POSITIVE, NON_NEGATIVE = (0, None, False, False), (0, None, True, False)
+UNIT_OPEN, UNIT_HALF_OPEN, UNIT_CLOSED = (0, 1, False, False), (0, 1, True, False), (0, 1, True, True)
+BOUNDS = {
+    **dict.fromkeys(
+        (
+            "data.batch_size",
+            "data.eval_batch_size",
+            "data.image_size",
+            "data.max_image_pixels",
+            "data.resolution_step",
+            "data.num_samples",
+            "data.channels",
+            "data.max_length",
+            "model.width",
+            "precision.init_scale",
+            "precision.growth_interval",
+            "attention.window",
+            "attention.block",
+            "compression.steps",
+            "compression.rank",
+            "distributed.nproc",
+            "distributed.timeout_s",
+            "deploy.val_batches",
+            "deploy.latency_repeats",
+            "deploy.threads",
+            "deploy.autotune_steps",
+            "optim.lr",
+            "optim.eps",
+            "sched.max_lr",
+            "sched.cycle_epochs",
+            "sched.step_epochs",
+            "sched.gamma",
+            "loader.prefetch_factor",
+            "profiler.active",
+            "trainer.max_epochs",
+            "trainer.max_steps",
+            "trainer.limit_train_batches",
+            "trainer.limit_val_batches",
+            "trainer.log_every_n_steps",
+            "trainer.checkpoint_every_n_steps",
+            "trainer.grad_accum_steps",
+            "trainer.grad_clip",
+            "trainer.threads",
+            "trainer.nan_patience",
+            "trainer.autotune_steps",
+        ),
+        POSITIVE,
+    ),
+    **dict.fromkeys(
+        (
+            "attention.global_tokens",
+            "compression.round_to",
+            "deploy.calibration_batches",  # 0: options that do not calibrate
+            "compression.finetune_steps",
+            "distributed.max_restarts",
+            "optim.weight_decay",
+            "sched.warmup_steps",
+            "loader.num_workers",
+            "profiler.wait",
+            "profiler.warmup",
+            "trainer.seed",
+            "trainer.accum_bn_warmup_steps",
+        ),
+        NON_NEGATIVE,
+    ),
+    **dict.fromkeys(
+        (
+            "compression.flops_reduction",
+            "compression.channel_ratio",
+            "compression.sparsity",
+            "compression.energy",
+            "data.val_fraction",
+            "sched.pct_start",
+        ),
+        UNIT_OPEN,
+    ),
+    **dict.fromkeys(("model.dropout", "attention.dropout", "optim.momentum", "optim.alpha"), UNIT_HALF_OPEN),
+    **dict.fromkeys(("sched.min_lr_ratio", "sched.base_lr_ratio"), UNIT_CLOSED),
+    "data.num_classes": (2, None, True, False),
+}
+LIST_BOUNDS = {"optim.betas": UNIT_HALF_OPEN, "loader.auto_candidates": NON_NEGATIVE}
 
 AUTOTUNE_KNOBS = ("channels_last", "compile", "num_workers", "attention")  # settings that leave the numerics alone
-
-
-OPEN_UNIT = (  # must lie strictly between 0 and 1 when set
-    "compression.flops_reduction",
-    "compression.channel_ratio",
-    "compression.sparsity",
-    "compression.energy",
-    "data.val_fraction",
-)
 
 
 def _get(cfg: Any, dotted: str) -> Any:
@@ -80,22 +142,37 @@ def validate(cfg: Any) -> None:
         value = _get(cfg, key)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not supported; allowed: {', '.join(allowed)}")
-    for key in POSITIVE:
-        value = _get(cfg, key)
-        if value is None or value <= 0:
-            raise ConfigError(f"{key}={value!r} must be > 0")
-    for key in OPEN_UNIT:
-        value = _get(cfg, key)
-        if value is not None and not 0 < value < 1:
-            raise ConfigError(f"{key}={value!r} must be between 0 and 1 (exclusive)")
-    for key in ("trainer.max_steps", "trainer.limit_train_batches", "trainer.limit_val_batches"):
-        value = _get(cfg, key)
-        if value is not None and value <= 0:
-            raise ConfigError(f"{key}={value!r} must be > 0 or null")
+    check_bounds(cfg)
     _check_resolution(cfg.data)
     unknown = sorted(set(cfg.trainer.autotune_knobs) - set(AUTOTUNE_KNOBS))
     if unknown:
         raise ConfigError(f"trainer.autotune_knobs: unknown knob {unknown[0]!r}; allowed: {', '.join(AUTOTUNE_KNOBS)}")
+
+
+def _describe(bound: tuple) -> str:
+    low, high, low_in, high_in = bound
+    if high is None:
+        return f"must be {'>=' if low_in else '>'} {low}"
+    return f"must be in {'[' if low_in else '('}{low}, {high}{']' if high_in else ')'}"
+
+
+def check_bounds(cfg: Any, sections: tuple[str, ...] | None = None) -> None:
+    """The bounded numeric keys (of `sections` only, when given: export checks deploy.*)."""
+
+    def inside(value: float, bound: tuple) -> bool:
+        low, high, low_in, high_in = bound
+        above = value >= low if low_in else value > low
+        below = high is None or (value <= high if high_in else value < high)
+        return above and below
+
+    for table, is_list in ((BOUNDS, False), (LIST_BOUNDS, True)):
+        for key, bound in table.items():
+            if sections is not None and key.split(".")[0] not in sections:
+                continue
+            value = _get(cfg, key)
+            values = list(value) if is_list else [value]
+            if value is not None and not all(v is not None and inside(v, bound) for v in values):
+                raise ConfigError(f"{key}={value!r} {_describe(bound)}")
 
 
 def _check_resolution(data: Any) -> None:

@@ -10,17 +10,20 @@ import gzip
 import logging
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import datasets as tvd
 from torchvision import tv_tensors
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 
+from turbotrain.atomic import atomic_write
 from turbotrain.config import ConfigError
 from turbotrain.data.augment import build_op, compose, to_float
 from turbotrain.data.safe import SafeDataset, collate_skipping_bad
@@ -106,10 +109,8 @@ def _fashion_raw_dir(cfg) -> Path:
     if all((DEBIAN_FASHION_MNIST / f"{f}.gz").exists() for f in FASHION_FILES):
         raw.mkdir(parents=True, exist_ok=True)
         for f in FASHION_FILES:
-            tmp = raw / f"{f}.tmp{os.getpid()}"
-            with gzip.open(DEBIAN_FASHION_MNIST / f"{f}.gz", "rb") as src, open(tmp, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            os.replace(tmp, raw / f)
+            with gzip.open(DEBIAN_FASHION_MNIST / f"{f}.gz", "rb") as src:
+                atomic_write(raw / f, lambda dst, src=src: shutil.copyfileobj(src, dst))
         return cache
     tried.append(f"{DEBIAN_FASHION_MNIST} (apt-get install dataset-fashion-mnist)")
     if cfg.download:
@@ -193,9 +194,26 @@ def synthetic(cfg) -> DataBundle:
     )
 
 
-def read_rgb(path: str) -> torch.Tensor:
-    """Decode with torchvision.io (libjpeg-turbo) straight to a uint8 CHW tensor."""
-    return tv_tensors.Image(decode_image(path, mode=ImageReadMode.RGB))
+class RGBReader:
+    """Decode with torchvision.io (libjpeg-turbo) straight to a uint8 CHW tensor, after reading the
+    size the file declares: a few hundred bytes claiming 60000x60000 pixels would otherwise make
+    the decoder allocate ~10 GB. Such a file is a bad sample (skipped and named, or an error)."""
+
+    def __init__(self, max_pixels: int | None):
+        self.max_pixels = max_pixels
+
+    def __call__(self, path: str) -> torch.Tensor:
+        if self.max_pixels is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                try:
+                    with Image.open(path) as im:  # reads the header only
+                        w, h = im.size
+                except Image.DecompressionBombError as e:
+                    raise ValueError(f"{e} (data.max_image_pixels={self.max_pixels})") from e
+            if w * h > self.max_pixels:
+                raise ValueError(f"declares {w}x{h} pixels, more than data.max_image_pixels={self.max_pixels}")
+        return tv_tensors.Image(decode_image(path, mode=ImageReadMode.RGB))
 
 
 def imagenet(cfg) -> DataBundle:
@@ -210,10 +228,11 @@ def imagenet(cfg) -> DataBundle:
     train_tf = compose([v2.RandomResizedCrop(size, antialias=True), *(build_op(a) for a in cfg.augment), *norm])
     val_tf = compose([v2.Resize(int(round(size / 0.875)), antialias=True), v2.CenterCrop(size), *norm])
     skip = cfg.on_bad_sample == "skip"
+    reader = RGBReader(cfg.max_image_pixels)
 
     def folder(split: str, tf) -> tvd.ImageFolder:
         try:
-            return tvd.ImageFolder(str(root / split), transform=tf, loader=read_rgb, allow_empty=skip)
+            return tvd.ImageFolder(str(root / split), transform=tf, loader=reader, allow_empty=skip)
         except FileNotFoundError as e:  # an empty class folder, or no images at all
             raise ConfigError(f"data.root={cfg.root}: {e} (data.on_bad_sample=skip allows empty classes)") from e
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import os
 import warnings
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from turbotrain import checkpoint as ckpt_io
+from turbotrain.atomic import atomic_write
 from turbotrain.config import ConfigError
 from turbotrain.data import build_data
 from turbotrain.data.text import PadCollate
@@ -21,6 +21,7 @@ from turbotrain.deploy import report as report_io
 from turbotrain.deploy.quantize import BACKEND, quantize_linear_dynamic, quantize_static, word_embedding_names
 from turbotrain.deploy.script import TextLogits, convert, frozen, interleaved_latency_ms, reload, state_dict_mb
 from turbotrain.models import build_tokenizer_for, from_checkpoint
+from turbotrain.validation import check_bounds
 
 log = logging.getLogger("turbotrain")
 DEPLOYS = ("int8", "int8_dynamic", "fp32")
@@ -101,6 +102,7 @@ def _fastest_torchscript(target, example: tuple, deploy_cfg, kind: str):
 def export(cfg) -> Path:
     if cfg.deploy.name not in DEPLOYS:
         raise ConfigError(f"deploy.name={cfg.deploy.name!r} is not supported; allowed: {', '.join(DEPLOYS)}")
+    check_bounds(cfg, ("deploy",))
     run_dir = find_run(cfg.run, cfg.outputs_dir, cfg.checkpoint)
     ckpt_path = run_dir / "checkpoints" / f"{cfg.checkpoint}.pt"
     ckpt = ckpt_io.load(ckpt_path)
@@ -133,9 +135,7 @@ def export(cfg) -> Path:
             target, dtype = quantize_linear_dynamic(copy.deepcopy(model)), "int8 (dynamic, Linear layers)"
         best, timed, module = _fastest_torchscript(target, tuple(a[:1] for a in example), cfg.deploy, arch["kind"])
         export_dir.mkdir(parents=True, exist_ok=True)
-        tmp = export_dir / f".model.pt.tmp{os.getpid()}"
-        torch.jit.save(module, str(tmp))
-        os.replace(tmp, export_dir / "model.pt")
+        atomic_write(export_dir / "model.pt", lambda f: torch.jit.save(module, f))
         fp32_size = state_dict_mb(model)
         checks = report_io.verify(export_dir / "model.pt", model, val_loader, example, cfg.deploy, text=text)
     report = {

@@ -20,6 +20,8 @@ from torch.ao.quantization import (
 )
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
+from turbotrain.config import ConfigError
+
 BACKEND = "x86"
 
 
@@ -35,7 +37,7 @@ def quantize_static(model: nn.Module, calibration, batches: int, example: torch.
         prepared(inputs)
         seen += 1
     if seen == 0:
-        raise ValueError("deploy.calibration_batches: no calibration batch was run (empty training set?)")
+        raise ConfigError(f"deploy.calibration_batches={batches}: static INT8 needs at least one calibration batch")
     return convert_fx(prepared)
 
 

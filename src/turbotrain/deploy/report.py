@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from turbotrain.checkpoint import atomic_write_text
+from turbotrain.atomic import atomic_write_text
 from turbotrain.deploy.quantize import BACKEND
 from turbotrain.deploy.script import KeywordInputs, interleaved_latency_ms
 from turbotrain.loop import evaluate
@@ -95,7 +95,8 @@ def write(export_dir: Path, report: dict) -> None:
     export_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(export_dir / "report.json", json.dumps(report, indent=2) + "\n")
     spec = report["input"]
-    (export_dir / "README.txt").write_text(
+    atomic_write_text(
+        export_dir / "README.txt",
         f"""turbotrain export: {report["deploy"]} ({report["format"]}, {report["dtype"]})
 Run: {report["run"]}
 
@@ -113,5 +114,5 @@ Output: {spec["output"]}; label names in index order:
 {json.dumps(spec["labels"])}
 
 {_figures(report)}
-"""
+""",
     )

@@ -1,0 +1,104 @@
+"""Atomic writes of every artifact (checkpoints, summary, export files, caches, handshakes).
+
+A writer fills a temp file beside the target, fsyncs it, and os.replace()s it over the target:
+readers never see a partial file under the final name, and a failed or killed write leaves the
+previous file as it was. Temp names carry the writer's pid, so a later run can tell the temps
+of a dead writer (safe to delete) from those of a live one (another run's write in progress).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+_TEMP = re.compile(r"^\..+\.tmp(\d+)$")
+
+
+class WriteError(OSError):
+    """An artifact could not be written (disk full, permissions, I/O error); the message names the
+    path and says what was kept."""
+
+
+def temp_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Call `write(f)` on a temp file, fsync, and move it over `path`."""
+    path = Path(path)
+    tmp = temp_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        kept = f"the previous {path.name} was kept" if path.exists() else f"no {path.name} was written"
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        hint = "; free some space and resume" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        raise WriteError(e.errno, f"could not write {path}: {reason} ({kept}){hint}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def atomic_write_link(source: str | Path, path: str | Path) -> None:
+    """Make `path` a hard link of `source`, replacing what was there in one step."""
+    path = Path(path)
+    tmp = temp_path(path)
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename itself durable (a power cut after replace() could otherwise undo it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories; the data itself is synced
+    finally:
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temps(directory: str | Path) -> list[str]:
+    """Delete temp files whose writer is dead (kill -9 skips the cleanup); a live writer's temp (a
+    concurrent run writing into the same dir) is left alone. Returns the names removed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    stale = []
+    for p in sorted(directory.iterdir()):
+        m = _TEMP.match(p.name)
+        if m and not _alive(int(m.group(1))):
+            p.unlink(missing_ok=True)
+            stale.append(p.name)
+    return stale

@@ -1,0 +1,126 @@
+"""Starting or continuing a run in its dir: which checkpoint to resume, whether the dir is free,
+whether the new config still describes the same training, and the LR schedule of an extended run."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from turbotrain.config import ConfigError
+
+log = logging.getLogger("turbotrain")
+
+# Config sections and keys whose change alters the numbers a resumed run computes.
+NUMERIC = (
+    "model",
+    "data",
+    "optim",
+    "sched",
+    "precision",
+    "compression",
+    "attention",
+    "trainer.seed",
+    "trainer.grad_accum_steps",
+    "trainer.grad_clip",
+    "trainer.limit_train_batches",
+    "trainer.accum_bn",
+    "trainer.accum_bn_warmup_steps",
+)
+# Inside those sections: where the data lives and kernel choices that leave the numbers alone.
+IGNORED = (
+    "data.root",
+    "data.cache_dir",
+    "data.download",
+    "data.eval_batch_size",
+    "compression.from_run",
+    "attention.implementation",
+)
+
+
+def elastic_restart() -> bool:
+    """True in a worker the elastic agent restarted after a failure (distributed.max_restarts,
+    torchrun --max-restarts): it continues the run in its dir without being told to."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
+def resolve(resume: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from: `auto` is this run dir's last.pt when there is one."""
+    if not resume and elastic_restart():
+        resume = "auto"
+    if not resume:
+        return None
+    if resume == "auto":
+        last = run_dir / "checkpoints" / "last.pt"
+        if last.is_file():
+            return last
+        log.info("trainer.resume=auto: no %s yet, starting fresh", last)
+        return None
+    return Path(resume).expanduser()
+
+
+def check_run_dir_free(run_dir: Path, resume: str | None) -> None:
+    """A fresh run never writes over another run's checkpoints and metrics."""
+    if resume or elastic_restart():
+        return
+    taken = [p.name for p in (run_dir / "checkpoints", run_dir / "metrics.jsonl", run_dir / "summary.json") if p.exists()]
+    if taken:
+        raise ConfigError(
+            f"run dir {run_dir} already holds a run ({', '.join(taken)}): continue it with trainer.resume=auto, "
+            "or start a new run in another dir (hydra.run.dir=...)"
+        )
+
+
+def _flat(node, prefix: str = "") -> dict:
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: node}
+
+
+def changed_keys(saved_yaml: str, cfg) -> list[tuple[str, object, object]]:
+    """(key, saved value, new value) for the keys under NUMERIC that differ."""
+    old = _flat(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=False))
+    new = _flat(OmegaConf.to_container(cfg, resolve=True))
+
+    def relevant(key: str) -> bool:
+        inside = any(key == n or key.startswith(n + ".") for n in NUMERIC)
+        return inside and not any(key == i or key.startswith(i + ".") for i in IGNORED)
+
+    keys = sorted(k for k in set(old) | set(new) if relevant(k))
+    return [(k, old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
+
+
+def check_config(ckpt: dict, cfg, world_size: int, path: Path) -> None:
+    """Refuse to continue with a config that trains differently from the checkpoint's, unless
+    trainer.resume_strict=false. Extending the run (max_epochs, max_steps) is always allowed."""
+    diffs = [f"{k}: {a} -> {b}" for k, a, b in changed_keys(ckpt["config"], cfg)]
+    saved_world = ckpt.get("world_size", 1)
+    if saved_world != world_size:
+        diffs.append(f"world size: {saved_world} -> {world_size}")
+    if not diffs:
+        return
+    message = f"resuming {path} with a config that trains differently ({'; '.join(diffs)})"
+    if cfg.trainer.resume_strict:
+        raise ConfigError(message + ": restore those values, or set trainer.resume_strict=false to continue anyway")
+    log.warning("%s; continuing because trainer.resume_strict=false", message)
+
+
+def continue_schedule(scheduler, saved_state: dict | None) -> None:
+    """Put a freshly built scheduler (built for this session's horizon) at the checkpoint's step.
+
+    The schedulers here compute the LR in closed form from their step count, so an unchanged
+    horizon gives exactly the LR of the uninterrupted run, and an extended run (more epochs or
+    steps) gets the LR a run configured with the new length from the start would have at this
+    step: cosine rises to that curve and decays to its minimum at the new end, never 0 before it."""
+    if scheduler is None or saved_state is None:
+        return
+    scheduler.last_epoch = saved_state["last_epoch"] - 1
+    with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": not a real step
+        warnings.simplefilter("ignore", UserWarning)
+        scheduler.step()
