@@ -36,6 +36,37 @@ def test_four_job_multirun_writes_sorted_summary(tmp_path):
     assert "optim.lr=0.01" in (sweep / "sweep_summary.md").read_text()
 
 
+def test_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = run_cli("train.py", "-m", "optim.lr=0.1,-1,0.05", *QUICK, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode != 0
+    rows = {row["overrides"]: row for row in _rows(sweep)}
+    assert len(rows) == 3
+    failed = next(row for o, row in rows.items() if "optim.lr=-1" in o)
+    assert failed["status"] == "failed" and "optim.lr=-1" in failed["error"] and "must be > 0" in failed["error"]
+    assert sorted(row["status"] for row in rows.values()) == ["failed", "ok", "ok"]
+    assert "must be > 0" in (sweep / "sweep_summary.md").read_text()
+
+
+def test_optuna_trial_that_fails_is_reported_and_the_study_goes_on(tmp_path):
+    sweep = tmp_path / "optuna"
+    r = run_cli(
+        "train.py",
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=4",
+        "optim.lr=choice(0.05,-1)",
+        *QUICK,
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
+    rows = _rows(sweep)
+    assert len(rows) == 4, r.stderr[-3000:]
+    statuses = sorted(row["status"] for row in rows)
+    assert "failed" in statuses and "ok" in statuses, statuses
+    assert r.returncode != 0
+    assert "best_value" in (sweep / "optimization_results.yaml").read_text()
+
+
 def test_optuna_search_runs_four_trials(tmp_path):
     sweep = tmp_path / "optuna"
     r = run_cli(

@@ -18,7 +18,7 @@ from typing import BinaryIO
 _TEMP = re.compile(r"^\..+\.tmp(\d+)$")
 
 
-class WriteError(OSError):
+class WriteError(RuntimeError):
     """An artifact could not be written (disk full, permissions, I/O error); the message names the
     path and says what was kept."""
 
@@ -42,7 +42,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
         kept = f"the previous {path.name} was kept" if path.exists() else f"no {path.name} was written"
         reason = os.strerror(e.errno) if e.errno else str(e)
         hint = "; free some space and resume" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-        raise WriteError(e.errno, f"could not write {path}: {reason} ({kept}){hint}") from e
+        raise WriteError(f"could not write {path}: {reason} ({kept}){hint}") from e
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)

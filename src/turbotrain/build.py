@@ -96,7 +96,7 @@ def build(
     tokenizer = build_tokenizer_for(cfg.model, cfg.data.max_length)
     data = build_data(cfg.data, tokenizer)
     if len(data.val) == 0:
-        raise ConfigError(f"data={cfg.data.name}: the validation split is empty; give it samples (val/ images, data.val_fraction)")
+        raise ConfigError(f"data={cfg.data.name}: the validation split is empty: give it samples (val/ images, val_fraction)")
     model = build_for(cfg.model, data, tokenizer, cfg.data.max_length)
     initial_weights(model, cfg, resume_ckpt, resume_path)
     bucketed = cfg.data.bucket_by_length

@@ -30,6 +30,12 @@ def initial_weights(model: nn.Module, cfg, resume_ckpt: dict | None, resume_path
         path = Path(cfg.compression.from_run).expanduser() / "checkpoints" / "best.pt"
         load_weights(model, ckpt_io.load(path), path)
         log.info("compression.from_run: starting from %s", path)
+    elif cfg.compression.name in ("channel_prune", "weight_prune") and not cfg.model.pretrained:
+        log.warning(
+            "compression=%s ranks the weights of a model that was never trained (random weights say nothing about "
+            "which channels matter): train first and set compression.from_run=<run dir>, or use model.pretrained=true",
+            cfg.compression.name,
+        )
 
 
 def apply_surgery(cfg, model: nn.Module, kind: str, train_loader, val_loader, resumed: bool) -> dict | None:

@@ -1,0 +1,141 @@
+"""DDP runs that are stopped, killed or started without --standalone, in real 2-process gloo runs:
+ranks agree on a stop, save per-rank RNG, restart elastically, and leave nothing stale."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+from conftest import ROOT, run_cli
+from test_distributed import _pids_with_env
+from turbotrain.checkpoint import load
+
+# Dropout and random flips draw from each rank's own RNG: a resume is exact only when every
+# rank gets its own state back.
+DDP = (
+    "data=digits",
+    "data.image_size=32",
+    "data.batch_size=32",
+    "data.augment=[{name: RandomHorizontalFlip}]",
+    "model=resnet18",
+    "model.name=squeezenet1_1",
+    "precision=fp32",
+    "trainer.channels_last=false",
+    "trainer.max_epochs=2",
+    "trainer.limit_train_batches=12",
+    "trainer.checkpoint_every_n_steps=1",
+    "trainer.progress_bar=false",
+    "distributed=ddp",
+    "distributed.nproc=2",
+    "distributed.timeout_s=60",
+)
+
+
+def _start(args, tag: str, cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "TT_TEST_TAG": tag, "PYTHONWARNINGS": "ignore"}
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _wait_for_step(run: Path, proc: subprocess.Popen, step: int, timeout: float = 180) -> None:
+    last, deadline = run / "checkpoints" / "last.pt", time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no checkpoint in time"
+        try:
+            if last.is_file() and load(last)["state"]["global_step"] >= step:
+                return
+        except Exception:  # replaced while being read
+            pass
+        time.sleep(0.05)
+
+
+def _same_weights(a: Path, b: Path) -> None:
+    x, y = load(a / "checkpoints" / "last.pt"), load(b / "checkpoints" / "last.pt")
+    assert x["state"]["global_step"] == y["state"]["global_step"] and x["metrics"] == y["metrics"]
+    for k, v in x["model"].items():
+        assert torch.equal(v, y["model"][k]), k
+
+
+def test_sigterm_to_one_rank_stops_both_and_resume_equals_uninterrupted(tmp_path):
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    r = run_cli("train.py", *DDP, f"hydra.run.dir={full}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    tag = uuid.uuid4().hex
+    proc = _start([*DDP, f"hydra.run.dir={cut}"], tag, tmp_path)
+    _wait_for_step(cut, proc, 3)
+    for pid in _pids_with_env(tag, "1"):  # rank 1 alone
+        os.kill(pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "SIGTERM" in stderr and "trainer.resume=auto" in stderr and "Traceback" not in stderr, stderr[-3000:]
+    saved = load(cut / "checkpoints" / "last.pt")
+    assert saved["state"]["global_step"] < 24 and saved["world_size"] == 2
+    assert not torch.equal(saved["rng_ranks"][0]["torch"], saved["rng_ranks"][1]["torch"])  # own streams
+    r = run_cli("train.py", *DDP, "trainer.resume=auto", f"hydra.run.dir={cut}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _same_weights(full, cut)
+
+
+def test_sigterm_to_the_launcher_saves_and_exits_143(tmp_path):
+    run = tmp_path / "run"
+    proc = _start([*DDP, "trainer.max_epochs=50", f"hydra.run.dir={run}"], uuid.uuid4().hex, tmp_path)
+    _wait_for_step(run, proc, 2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr, stderr[-3000:]
+    assert load(run / "checkpoints" / "last.pt")["state"]["global_step"] >= 2
+
+
+def test_killed_rank_restarts_and_the_run_finishes(tmp_path):
+    run, tag = tmp_path / "run", uuid.uuid4().hex
+    args = [*DDP, "trainer.max_epochs=3", "trainer.checkpoint_every_n_steps=4", "distributed.max_restarts=1"]
+    proc = _start([*args, f"hydra.run.dir={run}"], tag, tmp_path)
+    _wait_for_step(run, proc, 8)
+    at_kill = load(run / "checkpoints" / "last.pt")["state"]["global_step"]
+    for pid in _pids_with_env(tag, "1"):
+        os.kill(pid, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["steps"] == 36
+    steps = [e["step"] for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if e["split"] == "train"]
+    assert steps == sorted(set(steps))  # nothing logged twice
+    resumed = int(next(line for line in (run / "train.log").read_text().splitlines() if "resumed from" in line).split()[-1])
+    assert resumed >= at_kill  # at most one checkpoint interval was repeated
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(args, cwd):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master-port={_free_port()}"]
+    return subprocess.run([*cmd, str(ROOT / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_plain_torchrun_shares_one_dir_and_leaves_nothing_stale(tmp_path):
+    """No --standalone: the rendezvous id is "none" for every run; a failed start must not
+    steer the next run's ranks."""
+    quick = ["distributed=ddp", "data=digits", "trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.progress_bar=false"]
+    bad = _torchrun([*quick, "optim.lr=-1"], tmp_path)
+    assert bad.returncode != 0 and "optim.lr" in bad.stderr
+    r = _torchrun(quick, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = [p for p in (tmp_path / "outputs" / "train").iterdir() if (p / "summary.json").is_file()]
+    assert len(runs) == 1 and json.loads((runs[0] / "summary.json").read_text())["world_size"] == 2
+    notes = tmp_path / "outputs" / ".torchrun"
+    assert not notes.exists() or not list(notes.iterdir())

@@ -1,0 +1,150 @@
+"""Continuing runs: a taken run dir, changed configs, extended schedules, best/last order, the
+metrics log after a kill, a full disk."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conftest import CONF, TINY, make_cfg
+from turbotrain import atomic
+from turbotrain.atomic import WriteError
+from turbotrain.checkpoint import load
+from turbotrain.config import ConfigError
+from turbotrain.errors import one_line
+from turbotrain.pipeline import train
+
+SHORT = (*TINY, "trainer.limit_train_batches=6", "trainer.log_every_n_steps=1")
+
+
+def _events(run_dir, split="train"):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["split"] == split]
+
+
+def test_fresh_run_refuses_a_dir_that_holds_a_run(tmp_path):
+    train(make_cfg(*SHORT, "trainer.max_epochs=1"), tmp_path)
+    before = (tmp_path / "checkpoints" / "last.pt").read_bytes()
+    with pytest.raises(ConfigError) as e:
+        train(make_cfg(*SHORT, "trainer.max_epochs=1"), tmp_path)
+    message = one_line(e.value)
+    assert str(tmp_path) in message and "trainer.resume=auto" in message and "hydra.run.dir" in message
+    assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == before
+    assert len(_events(tmp_path, "val")) == 1  # nothing appended
+
+
+def test_default_run_dirs_are_unique():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        dirs = {compose("train", return_hydra_config=True).hydra.run.dir for _ in range(3)}
+    assert len(dirs) == 3
+
+
+@pytest.mark.parametrize("sched", ["cosine", "onecycle"])
+def test_extending_a_run_follows_the_longer_schedule(sched, tmp_path):
+    """Resuming a 2-epoch run with max_epochs=4 gives, at every step after the resume, the LR an
+    uninterrupted 4-epoch run has there (cosine: never 0 before the end)."""
+    common = (*SHORT, f"sched={sched}")
+    train(make_cfg(*common, "trainer.max_epochs=4"), tmp_path / "long")
+    train(make_cfg(*common, "trainer.max_epochs=2"), tmp_path / "ext")
+    train(make_cfg(*common, "trainer.max_epochs=4", "trainer.resume=auto"), tmp_path / "ext")
+    reference = {e["step"]: e["lr"] for e in _events(tmp_path / "long")}
+    extended = {e["step"]: e["lr"] for e in _events(tmp_path / "ext")}
+    assert sorted(extended) == sorted(reference) == list(range(1, 25))
+    for step in range(13, 25):
+        assert extended[step] == pytest.approx(reference[step], rel=1e-12), step
+    assert min(extended[s] for s in range(13, 24)) > 0
+    assert load(tmp_path / "ext" / "checkpoints" / "last.pt")["state"]["global_step"] == 24
+
+
+def test_resume_with_a_config_that_trains_differently_is_refused(tmp_path):
+    train(make_cfg(*SHORT, "trainer.max_epochs=1"), tmp_path)
+    changed = ("optim.lr=0.05", "data.batch_size=16", "trainer.seed=3")
+    with pytest.raises(ConfigError) as e:
+        train(make_cfg(*SHORT, *changed, "trainer.max_epochs=2", "trainer.resume=auto"), tmp_path)
+    message = one_line(e.value)
+    for key in ("optim.lr", "data.batch_size", "trainer.seed", "trainer.resume_strict=false"):
+        assert key in message, key
+    train(make_cfg(*SHORT, *changed, "trainer.max_epochs=2", "trainer.resume=auto", "trainer.resume_strict=false"), tmp_path)
+    assert load(tmp_path / "checkpoints" / "last.pt")["state"]["epoch"] == 2
+
+
+class Killed(BaseException):
+    pass
+
+
+def test_best_is_never_older_than_the_metrics(tmp_path, monkeypatch):
+    """A kill between the two checkpoint files of an improving epoch: after the resume, best.pt
+    holds the best validation figure of the run."""
+    real_replace, writes = os.replace, []
+
+    def replace(src, dst):
+        if os.path.basename(os.path.dirname(dst)) == "checkpoints":
+            writes.append(os.path.basename(dst))
+            if len(writes) == 4:  # epoch 2's second file (epoch 1 wrote two as well)
+                raise Killed
+        real_replace(src, dst)
+
+    cfg = (*SHORT, "optim.lr=0.02")
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", replace)
+        with pytest.raises(Killed):
+            train(make_cfg(*cfg, "trainer.max_epochs=2"), tmp_path)
+    assert sorted(writes) == ["best.pt", "best.pt", "last.pt", "last.pt"]  # epoch 2 improved
+    train(make_cfg(*cfg, "trainer.max_epochs=2", "trainer.resume=auto"), tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    best = load(tmp_path / "checkpoints" / "best.pt")
+    assert best["metrics"]["val_acc1"] == summary["best_val_acc1"] == max(e["acc1"] for e in _events(tmp_path, "val"))
+
+
+def test_metrics_log_after_a_kill_reads_as_uninterrupted(tmp_path):
+    cfg = (*SHORT, "trainer.checkpoint_every_n_steps=4", "sched=none")  # one LR whatever the horizon
+    train(make_cfg(*cfg, "trainer.max_epochs=2"), tmp_path / "full")
+    train(make_cfg(*cfg, "trainer.max_epochs=1"), tmp_path / "cut")
+    metrics = tmp_path / "cut" / "metrics.jsonl"
+    # the process went on past its checkpoint and was killed while writing a line
+    metrics.write_text(metrics.read_text() + json.dumps({"step": 7, "split": "train", "lr": 1.0}) + '\n{"step": 8, "spl')
+    train(make_cfg(*cfg, "trainer.max_epochs=2", "trainer.resume=auto"), tmp_path / "cut")
+    strip = [{k: v for k, v in e.items() if k in ("step", "split", "loss", "lr")} for e in _events(tmp_path / "full")]
+    again = [{k: v for k, v in e.items() if k in ("step", "split", "loss", "lr")} for e in _events(tmp_path / "cut")]
+    assert again == strip
+
+
+class FullDisk:
+    """A file whose writes fail with ENOSPC once `room` bytes are written (the disk fills up)."""
+
+    def __init__(self, f, room: int):
+        self.f, self.room = f, room
+
+    def write(self, data):
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+def test_full_disk_during_checkpoint_keeps_last_and_says_so(tmp_path, monkeypatch):
+    train(make_cfg(*SHORT, "trainer.max_epochs=1"), tmp_path)
+    before = (tmp_path / "checkpoints" / "last.pt").read_bytes()
+    real_open = open
+    monkeypatch.setattr(atomic, "open", lambda p, mode="r": FullDisk(real_open(p, mode), 4096), raising=False)
+    with pytest.raises(WriteError) as e:
+        train(make_cfg(*SHORT, "trainer.max_epochs=2", "trainer.resume=auto"), tmp_path)
+    monkeypatch.undo()
+    name = "best.pt" if "best.pt" in str(e.value) else "last.pt"  # best.pt comes first when the epoch improved
+    path = tmp_path / "checkpoints" / name
+    assert one_line(e.value) == f"could not write {path}: No space left on device (the previous {name} was kept); free some space and resume"
+    assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best.pt", "last.pt"]  # no temp left
