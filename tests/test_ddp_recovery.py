@@ -42,9 +42,8 @@ DDP = (
 
 def _start(args, tag: str, cwd: Path) -> subprocess.Popen:
     env = {**os.environ, "TT_TEST_TAG": tag, "PYTHONWARNINGS": "ignore"}
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    cmd = [sys.executable, str(ROOT / "train.py"), *args]
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for_step(run: Path, proc: subprocess.Popen, step: int, timeout: float = 180) -> None:
@@ -130,7 +129,8 @@ def _torchrun(args, cwd):
 def test_plain_torchrun_shares_one_dir_and_leaves_nothing_stale(tmp_path):
     """No --standalone: the rendezvous id is "none" for every run; a failed start must not
     steer the next run's ranks."""
-    quick = ["distributed=ddp", "data=digits", "trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.progress_bar=false"]
+    quick = ["distributed=ddp", "data=digits", "trainer.max_epochs=1", "trainer.limit_train_batches=4"]
+    quick.append("trainer.progress_bar=false")
     bad = _torchrun([*quick, "optim.lr=-1"], tmp_path)
     assert bad.returncode != 0 and "optim.lr" in bad.stderr
     r = _torchrun(quick, tmp_path)

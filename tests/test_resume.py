@@ -145,6 +145,7 @@ def test_full_disk_during_checkpoint_keeps_last_and_says_so(tmp_path, monkeypatc
     monkeypatch.undo()
     name = "best.pt" if "best.pt" in str(e.value) else "last.pt"  # best.pt comes first when the epoch improved
     path = tmp_path / "checkpoints" / name
-    assert one_line(e.value) == f"could not write {path}: No space left on device (the previous {name} was kept); free some space and resume"
+    kept = f"(the previous {name} was kept); free some space and resume"
+    assert one_line(e.value) == f"could not write {path}: No space left on device {kept}"
     assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best.pt", "last.pt"]  # no temp left
