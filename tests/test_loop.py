@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from conftest import make_cfg
 from turbotrain.loop import TrainState, train_one_epoch
 from turbotrain.optim import build_optimizer
-from turbotrain.precision import build_precision
+from turbotrain.precision import build_precision, native_bf16_cpu
 from turbotrain.tracking import Tracker
 
 CPU = torch.device("cpu")
@@ -104,13 +104,15 @@ def test_unfrozen_bn_keeps_updating(tmp_path):
 
 def test_precision_policy_on_cpu():
     amp = build_precision(make_cfg("precision=amp").precision, CPU)
-    assert amp.dtype is torch.bfloat16 and amp.scaler is None
+    assert amp.dtype is (torch.bfloat16 if native_bf16_cpu() else None) and amp.scaler is None
+    bf16 = build_precision(make_cfg("precision=bf16").precision, CPU)
+    assert bf16.dtype is torch.bfloat16 and bf16.scaler is None
     fp16 = build_precision(make_cfg("precision=fp16").precision, CPU)
     assert fp16.dtype is torch.float16 and fp16.scaler is not None
     assert fp16.scaler.get_scale() == 65536.0
     fp32 = build_precision(make_cfg("precision=fp32").precision, CPU)
     assert fp32.dtype is None and fp32.scaler is None
-    with amp.autocast():
+    with bf16.autocast():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype is torch.bfloat16
 
 
