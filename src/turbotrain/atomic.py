@@ -38,7 +38,10 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except Exception as error:
+        e = _os_error(error)
+        if e is None:
+            raise
         kept = f"the previous {path.name} was kept" if path.exists() else f"no {path.name} was written"
         reason = os.strerror(e.errno) if e.errno else str(e)
         hint = "; free some space and resume" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
@@ -46,6 +49,14 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
+
+
+def _os_error(error: BaseException | None) -> OSError | None:
+    """The OSError behind `error`: torch.save's zip writer reports a failed write (ENOSPC) as a
+    RuntimeError raised while it handles the OSError."""
+    while error is not None and not isinstance(error, OSError):
+        error = error.__context__
+    return error
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
