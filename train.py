@@ -41,7 +41,9 @@ def main(cfg: DictConfig) -> float:
                 logging.getLogger("turbotrain").exception("job failed")
             report(e)
             sweep.record_failure(run_dir, one_line(e))
-            return float("nan")  # Optuna records the trial as failed; every sweeper goes on
+            if "optuna" in hydra_cfg.sweeper._target_:
+                raise sweep.JobFailed(one_line(e)) from None  # Optuna records a raised trial as failed
+            return float("nan")  # the basic sweeper would end the sweep on an exception
         if not user_error:
             raise
         report(e)

@@ -20,6 +20,10 @@ ERROR_FILE = "error.txt"
 _failed: list[str] = []  # jobs of this process's last sweep that failed (train.py's exit code)
 
 
+class JobFailed(RuntimeError):
+    """A sweep job failed; its error is in the job dir and the sweep summary."""
+
+
 def record_failure(job_dir: Path, message: str) -> None:
     """A job's one-line error, for the sweep summary."""
     atomic_write_text(Path(job_dir) / ERROR_FILE, message + "\n")
@@ -61,19 +65,19 @@ def write(sweep_dir: Path, rows: list[dict]) -> None:
 
 
 class SweepSummary(Callback):
-    def __init__(self) -> None:
-        self.sweep_dir: Path | None = None
+    """Rewrites the summary after every job, so it exists even when a sweeper gives up mid-way
+    (Optuna raises at the end when no trial completed), and reports the failures at the end."""
 
-    def on_multirun_start(self, config, **kwargs: Any) -> None:
-        self.sweep_dir = Path(config.hydra.sweep.dir)
+    def on_job_end(self, config, job_return: Any = None, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if config.hydra.mode is not None and str(config.hydra.mode).endswith("MULTIRUN") and sweep_dir.is_dir():
+            self._refresh(sweep_dir)
 
     def on_multirun_end(self, config, **kwargs: Any) -> None:
-        sweep_dir = self.sweep_dir or Path(config.hydra.sweep.dir)
+        sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
             return
-        rows = collect(sweep_dir)
-        write(sweep_dir, rows)
-        _failed[:] = [r["job"] for r in rows if r["status"] != "ok"]
+        rows = self._refresh(sweep_dir)
         for r in rows:
             if r["status"] != "ok":
                 log.error("job %s (%s) failed: %s", r["job"], r["overrides"], r.get("error", "no summary.json"))
@@ -85,3 +89,10 @@ class SweepSummary(Callback):
                 rows[0]["overrides"],
                 sweep_dir / "sweep_summary.md",
             )
+
+    @staticmethod
+    def _refresh(sweep_dir: Path) -> list[dict]:
+        rows = collect(sweep_dir)
+        write(sweep_dir, rows)
+        _failed[:] = [r["job"] for r in rows if r["status"] != "ok"]
+        return rows
