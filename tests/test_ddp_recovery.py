@@ -19,20 +19,18 @@ from conftest import ROOT, run_cli
 from test_distributed import _pids_with_env
 from turbotrain.checkpoint import load
 
-# Dropout and random flips draw from each rank's own RNG: a resume is exact only when every
-# rank gets its own state back.
+# Random flips draw from each rank's own RNG: a resume is exact only when every rank gets its
+# own state back.
 DDP = (
     "data=digits",
-    "data.image_size=32",
     "data.batch_size=32",
     "data.augment=[{name: RandomHorizontalFlip}]",
-    "model=resnet18",
-    "model.name=squeezenet1_1",
+    "model=small_cnn",
+    "model.width=8",
     "precision=fp32",
-    "trainer.channels_last=false",
     "trainer.max_epochs=2",
     "trainer.limit_train_batches=12",
-    "trainer.checkpoint_every_n_steps=1",
+    "trainer.log_every_n_steps=1",
     "trainer.progress_bar=false",
     "distributed=ddp",
     "distributed.nproc=2",
@@ -46,17 +44,22 @@ def _start(args, tag: str, cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for_step(run: Path, proc: subprocess.Popen, step: int, timeout: float = 180) -> None:
-    last, deadline = run / "checkpoints" / "last.pt", time.monotonic() + timeout
+def _train_steps(run: Path) -> list[int]:
+    path = run / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [e["step"] for e in map(json.loads, lines) if e["split"] == "train"]
+
+
+def _wait_for_step(run: Path, proc: subprocess.Popen, step: int, timeout: float = 180) -> int:
+    """Wait until rank 0 has logged `step`; returns the last step logged."""
+    deadline = time.monotonic() + timeout
     while True:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "no checkpoint in time"
-        try:
-            if last.is_file() and load(last)["state"]["global_step"] >= step:
-                return
-        except Exception:  # replaced while being read
-            pass
-        time.sleep(0.05)
+        assert time.monotonic() < deadline, "training did not get there in time"
+        steps = _train_steps(run)
+        if steps and steps[-1] >= step:
+            return steps[-1]
+        time.sleep(0.2)
 
 
 def _same_weights(a: Path, b: Path) -> None:
@@ -101,18 +104,16 @@ def test_killed_rank_restarts_and_the_run_finishes(tmp_path):
     run, tag = tmp_path / "run", uuid.uuid4().hex
     args = [*DDP, "trainer.max_epochs=3", "trainer.checkpoint_every_n_steps=4", "distributed.max_restarts=1"]
     proc = _start([*args, f"hydra.run.dir={run}"], tag, tmp_path)
-    _wait_for_step(run, proc, 8)
-    at_kill = load(run / "checkpoints" / "last.pt")["state"]["global_step"]
+    at_kill = _wait_for_step(run, proc, 9)
     for pid in _pids_with_env(tag, "1"):
         os.kill(pid, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["steps"] == 36
-    steps = [e["step"] for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if e["split"] == "train"]
-    assert steps == sorted(set(steps))  # nothing logged twice
+    assert _train_steps(run) == list(range(1, 37))  # every step logged once
     resumed = int(next(line for line in (run / "train.log").read_text().splitlines() if "resumed from" in line).split()[-1])
-    assert resumed >= at_kill  # at most one checkpoint interval was repeated
+    assert resumed >= at_kill - 4  # at most one checkpoint interval was repeated
 
 
 def _free_port() -> int:

@@ -68,10 +68,12 @@ def setup(dist_cfg, device_name: str) -> tuple[DistInfo, torch.device]:
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)
     backend = dist_cfg.backend if dist_cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    timeout = datetime.timedelta(seconds=dist_cfg.timeout_s)
     dist.init_process_group(
         backend=backend,
-        timeout=datetime.timedelta(seconds=dist_cfg.timeout_s),
+        timeout=timeout,
         device_id=device if device.type == "cuda" else None,
+        **_generation_store(info, timeout),
     )
     if not info.is_main:
         # One run dir, one writer: only rank 0 appends to Hydra's train.log; the other ranks
@@ -81,6 +83,21 @@ def setup(dist_cfg, device_name: str) -> tuple[DistInfo, torch.device]:
             root.removeHandler(handler)
         log.setLevel(logging.WARNING)
     return info, device
+
+
+def _generation_store(info: DistInfo, timeout: datetime.timedelta) -> dict:
+    """Workers restarted by the elastic agent share its key-value store with the generation they
+    replace, and gloo's peer addresses of that dead generation are still in it: a restarted rank
+    could read a stale address and fail to connect (seen on torch 2.14, about one restart in two).
+    Each generation gets its own key prefix."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world_size, is_master=False, timeout=timeout
+    )
+    store = dist.PrefixStore(f"turbotrain/generation{generation}", agent)
+    return {"store": store, "rank": info.rank, "world_size": info.world_size}
 
 
 def teardown(info: DistInfo) -> None:
@@ -141,6 +158,8 @@ def launch(dist_cfg, run_dir: Path, overrides: list[str]) -> None:
         "hydra.output_subdir=null",  # the launcher already wrote .hydra/ for this run
     ]
     os.environ[SELF_LAUNCHED] = "1"  # workers inherit it: their run dir is already agreed
+    # as torchrun does: N workers x all-cores thread pools oversubscribe the CPU (2-4x slower steps)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dist_cfg.nproc)))
     log.info("launching %d DDP workers (elastic launcher, c10d rendezvous) into %s", dist_cfg.nproc, run_dir)
     try:
         elastic_launch(config, sys.executable)(*args)
