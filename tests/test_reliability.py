@@ -15,6 +15,7 @@ import torch
 from conftest import ROOT, TINY, make_cfg, run_cli
 from turbotrain import checkpoint as ckpt_io
 from turbotrain.checkpoint import load
+from turbotrain.config import ConfigError
 from turbotrain.pipeline import TrainingError, train
 
 KILLABLE = (*TINY, "trainer.max_epochs=4", "trainer.checkpoint_every_n_steps=3")
@@ -201,3 +202,87 @@ def test_oom_hint_names_the_keys():
 
     for key in ("data.batch_size", "trainer.grad_accum_steps", "precision=amp", "attention.checkpointing"):
         assert key in OOM_HINT
+
+
+def _poison_first_grad_once(model) -> None:
+    """The first backward after this call gives the first parameter NaN gradients while the loss
+    stays finite (what an overflow inside backward does)."""
+    fired = []
+
+    def hook(grad):
+        if fired:
+            return grad
+        fired.append(True)
+        return torch.full_like(grad, float("nan"))
+
+    next(model.parameters()).register_hook(hook)
+
+
+def test_finite_loss_with_nan_grads_is_skipped_with_nan_check_grads(tmp_path):
+    from test_loop import _data, _mlp, _run
+
+    x, y = _data(32)
+    model = _mlp()
+    _poison_first_grad_once(model)
+    state = _run(model, x, y, batch_size=8, accum=1, tmp_path=tmp_path, overrides=("trainer.nan_check=grads",))
+    assert state.skipped_steps == 1 and state.global_step == 4
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_non_finite_weights_are_never_checkpointed(tmp_path, monkeypatch):
+    """nan_check=loss (the default) does not look at gradients: a finite loss with NaN gradients
+    poisons the weights. The run must stop before writing them, and last.pt must be the good one."""
+    from turbotrain import pipeline
+
+    short = (*TINY, "precision=fp32", "trainer.limit_train_batches=6")
+    train(make_cfg(*short, "trainer.max_epochs=1"), tmp_path)
+    real_build = pipeline.build
+
+    def build_and_poison(*args, **kwargs):
+        parts = real_build(*args, **kwargs)
+        _poison_first_grad_once(parts.model)
+        return parts
+
+    monkeypatch.setattr(pipeline, "build", build_and_poison)
+    last = tmp_path / "checkpoints" / "last.pt"
+    with pytest.raises(
+        TrainingError, match=rf"not finite after step \d+ \(first: model\..*nan_check=grads.*last good checkpoint: {last}"
+    ):
+        train(make_cfg(*short, "trainer.max_epochs=2", "trainer.resume=auto"), tmp_path)
+    ckpt = load(last)
+    assert ckpt["state"]["global_step"] == 6 and not ckpt_io.nonfinite(ckpt)
+    assert not ckpt_io.nonfinite(load(tmp_path / "checkpoints" / "best.pt"))
+
+
+def _declare_huge(path) -> None:
+    """Rewrite a real JPEG's frame header (SOF0) to declare 60000x60000 pixels: a few KB on disk,
+    ~10 GB once decoded."""
+    data = bytearray(path.read_bytes())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = (60000).to_bytes(2, "big") * 2
+    path.write_bytes(bytes(data))
+
+
+def test_image_declaring_a_huge_size_is_a_bad_sample_and_a_corrupt_first_val_image_is_skipped(jpeg_tree, tmp_path):
+    tree = tmp_path / "tree"
+    shutil.copytree(jpeg_tree, tree)
+    huge = tree / "train" / "flower" / "005.jpg"
+    _declare_huge(huge)
+    first_val = tree / "val" / "china" / "000.jpg"  # the first sample of the validation split
+    first_val.write_bytes(first_val.read_bytes()[:200])
+    run = tmp_path / "run"
+    r = run_cli("train.py", *_tree_args(tree), "data.max_image_pixels=1000000", f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((run / "summary.json").read_text())["bad_samples"] == 1
+    log = (run / "train.log").read_text()
+    assert "005.jpg" in log and "60000x60000" in log and "data.max_image_pixels" in log
+
+
+def test_empty_validation_split_is_one_line(jpeg_tree, tmp_path):
+    tree = tmp_path / "tree"
+    shutil.copytree(jpeg_tree, tree)
+    for f in (tree / "val").rglob("*.jpg"):
+        f.unlink()
+    cfg = make_cfg(*_tree_args(tree))
+    with pytest.raises(ConfigError, match=r"^data=imagenet: the validation split is empty"):
+        train(cfg, tmp_path / "run")
