@@ -72,6 +72,7 @@ def test_tuned_loader_times_worker_counts_by_real_steps(tmp_path):
     assert summary["num_workers"] == summary["autotune"]["chosen"]["num_workers"]
 
 
+@pytest.mark.slow  # real processes, ~20-50 s on a 2-core CPU: `python -m pytest -m slow`
 def test_autotune_times_compile_as_a_candidate(tmp_path):
     """torch.compile is a real candidate: its compile time is its first-step cost."""
     train(make_cfg(*TINY, "trainer.max_epochs=1", "trainer.autotune=true", "trainer.autotune_knobs=[compile]"), tmp_path)

@@ -11,6 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import ROOT, run_cli
@@ -77,6 +78,7 @@ def _pids_with_env(tag: str, rank: str) -> list[int]:
     return pids
 
 
+@pytest.mark.slow  # real processes, ~20-50 s on a 2-core CPU: `python -m pytest -m slow`
 def test_killed_worker_fails_the_run_naming_the_rank(tmp_path):
     tag = uuid.uuid4().hex
     run = tmp_path / "run"

@@ -129,6 +129,7 @@ def test_newest_run_is_the_default(digits_run, tmp_path):
     assert (new / "export" / "fp32" / "model.pt").is_file() and not (old / "export").exists()
 
 
+@pytest.mark.slow  # real processes, ~20-50 s on a 2-core CPU: `python -m pytest -m slow`
 def test_bad_input_fails_with_one_line(digits_run, tmp_path):
     cases = []
     r = run_cli("export.py", f"run={tmp_path / 'nope'}")

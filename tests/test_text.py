@@ -83,6 +83,7 @@ def test_sliding_window_run_with_extended_positions(tmp_path):
     assert ckpt["model"]["bert.embeddings.position_embeddings.weight"].shape[0] == 640
 
 
+@pytest.mark.slow  # real processes, ~20-50 s on a 2-core CPU: `python -m pytest -m slow`
 def test_text_files_skip_bad_rows_and_export_int8(tmp_path):
     train_csv, val_csv = tmp_path / "train.csv", tmp_path / "val.csv"
     rows = ["text,label"] + [f"a story about {w} number {i},{w}" for i in range(40) for w in ("cats", "ships")]
@@ -115,6 +116,7 @@ def test_text_files_skip_bad_rows_and_export_int8(tmp_path):
     assert p.returncode == 0 and "(2, 3)" in p.stdout, p.stderr[-2000:]  # cats, dragons, ships
 
 
+@pytest.mark.slow  # real processes, ~20-50 s on a 2-core CPU: `python -m pytest -m slow`
 def test_low_rank_run_round_trips_and_exports(tmp_path):
     run = tmp_path / "run"
     cfg = make_cfg(*TEXT, "compression=embed_lowrank", "compression.rank=16", "trainer.max_steps=20", "trainer.max_epochs=1")

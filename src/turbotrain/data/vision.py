@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import logging
 import os
+import re
 import shutil
 import warnings
 from collections.abc import Callable
@@ -194,6 +195,18 @@ def synthetic(cfg) -> DataBundle:
     )
 
 
+def _declared_pixels(path: str) -> int:
+    """Width x height from the file's header; nothing is decoded."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            with Image.open(path) as im:
+                w, h = im.size
+        except Image.DecompressionBombError as e:  # PIL's own limit (2x its default) came first
+            return int(re.search(r"\((\d+) pixels\)", str(e)).group(1))
+    return w * h
+
+
 class RGBReader:
     """Decode with torchvision.io (libjpeg-turbo) straight to a uint8 CHW tensor, after reading the
     size the file declares: a few hundred bytes claiming 60000x60000 pixels would otherwise make
@@ -203,16 +216,8 @@ class RGBReader:
         self.max_pixels = max_pixels
 
     def __call__(self, path: str) -> torch.Tensor:
-        if self.max_pixels is not None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                try:
-                    with Image.open(path) as im:  # reads the header only
-                        w, h = im.size
-                except Image.DecompressionBombError as e:
-                    raise ValueError(f"{e} (data.max_image_pixels={self.max_pixels})") from e
-            if w * h > self.max_pixels:
-                raise ValueError(f"declares {w}x{h} pixels, more than data.max_image_pixels={self.max_pixels}")
+        if self.max_pixels is not None and (pixels := _declared_pixels(path)) > self.max_pixels:
+            raise ValueError(f"declares {pixels} pixels, more than data.max_image_pixels={self.max_pixels}")
         return tv_tensors.Image(decode_image(path, mode=ImageReadMode.RGB))
 
 
