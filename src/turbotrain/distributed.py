@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from turbotrain.atomic import atomic_write_text
 from turbotrain.preemption import Preempted, resume_hint
+from turbotrain.resume import restarts
 
 log = logging.getLogger("turbotrain")
 RUN_DIR_NOTES = Path("outputs/.torchrun")
@@ -92,7 +93,7 @@ def _generation_store(info: DistInfo, timeout: datetime.timedelta) -> dict:
     Each generation gets its own key prefix."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
-    generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    generation = restarts()
     agent = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world_size, is_master=False, timeout=timeout
     )
@@ -194,8 +195,7 @@ def torchrun_argv(argv: list[str]) -> list[str]:
         return argv
     if int(os.environ["RANK"]) == 0:
         note = _rank0_dir_file()
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-        if restarted and note.is_file():
+        if restarts() and note.is_file():
             return [*argv, f"hydra.run.dir={note.read_text().strip()}", "hydra.output_subdir=null"]
         return argv
     scratch = tempfile.mkdtemp(prefix=f"turbotrain-rank{os.environ['RANK']}-")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import signal
 import time
@@ -277,7 +276,7 @@ class Run:
             "flops": p.flops,
             "device": str(self.device),
             "world_size": self.info.world_size,
-            "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "restarts": resume.restarts(),
             "rank_peak_mem_mb": [row[0] for row in self.balance],
             "rank_epoch_time_s": [row[1] for row in self.balance],
             "precision": p.precision.name,

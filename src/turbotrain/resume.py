@@ -41,15 +41,15 @@ IGNORED = (
 )
 
 
-def elastic_restart() -> bool:
-    """True in a worker the elastic agent restarted after a failure (distributed.max_restarts,
-    torchrun --max-restarts): it continues the run in its dir without being told to."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+def restarts() -> int:
+    """How often the elastic agent has restarted this worker's group (distributed.max_restarts,
+    torchrun --max-restarts); a restarted worker continues the run in its dir without being told to."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 def resolve(resume: str | None, run_dir: Path) -> Path | None:
     """The checkpoint to resume from: `auto` is this run dir's last.pt when there is one."""
-    if not resume and elastic_restart():
+    if not resume and restarts():
         resume = "auto"
     if not resume:
         return None
@@ -64,7 +64,7 @@ def resolve(resume: str | None, run_dir: Path) -> Path | None:
 
 def check_run_dir_free(run_dir: Path, resume: str | None) -> None:
     """A fresh run never writes over another run's checkpoints and metrics."""
-    if resume or elastic_restart():
+    if resume or restarts():
         return
     taken = [p.name for p in (run_dir / "checkpoints", run_dir / "metrics.jsonl", run_dir / "summary.json") if p.exists()]
     if taken:
