@@ -116,19 +116,8 @@ class Run:
         """Every rank calls this at the same point (the RNG states are gathered); rank 0 writes.
         Non-finite weights or optimizer state are never written: the run stops instead."""
         p, s = self.p, self.state
-        state_dict = prune.plain_state_dict(p.model)
-        bad = ckpt_io.nonfinite({"model": state_dict, "optimizer": p.optimizer.state_dict()})
-        if bad:
-            raise Diverged(
-                s.global_step,
-                f"{len(bad)} tensor(s) are not finite after step {s.global_step} (first: {bad[0]}); a finite loss "
-                "had non-finite gradients? trainer.nan_check=grads skips such steps",
-            )
-        rng = dist.gather_objects(ckpt_io.rng_state())
-        if not self.info.is_main:
-            return
-        ckpt = ckpt_io.payload(
-            state_dict=state_dict,
+        ckpt = ckpt_io.payload(  # every rank builds it (references, no copies): every rank checks it
+            state_dict=prune.plain_state_dict(p.model),
             optimizer=p.optimizer,
             scheduler=p.scheduler,
             scaler=p.precision.scaler,
@@ -136,8 +125,17 @@ class Run:
             config_yaml=self.config_yaml,
             arch=self.arch,
             metrics=self.metrics,
-            rng=rng,
+            rng=dist.gather_objects(ckpt_io.rng_state()),
         )
+        bad = ckpt_io.nonfinite(ckpt)
+        if bad:
+            raise Diverged(
+                s.global_step,
+                f"{len(bad)} tensor(s) are not finite after step {s.global_step} (first: {bad[0]}); a finite loss "
+                "had non-finite gradients? trainer.nan_check=grads skips such steps",
+            )
+        if not self.info.is_main:
+            return
         ckpt_io.write(ckpt, self.ckpt_dir, best=best)
 
     def stop_if_asked(self) -> None:
