@@ -26,9 +26,10 @@ def make_cfg(*overrides: str, config_name: str = "train"):
         return compose(config_name=config_name, overrides=list(overrides))
 
 
-def run_cli(script: str, *args: str, cwd: Path | None = None, timeout: int = 600):
-    """Run an entry point in a fresh process; returns CompletedProcess (text)."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+def run_cli(script: str, *args: str, cwd: Path | None = None, timeout: int = 600, env: dict | None = None):
+    """Run an entry point in a fresh process (environment: `env` or this one's); returns
+    CompletedProcess (text)."""
+    env = {**(os.environ if env is None else env), "PYTHONWARNINGS": "ignore"}
     return subprocess.run(
         [sys.executable, str(ROOT / script), *args],
         cwd=cwd or ROOT,

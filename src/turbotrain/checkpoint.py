@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from turbotrain import checkpoint_data
 from turbotrain.atomic import atomic_write, atomic_write_link
 
 FORMAT = 1
@@ -44,6 +45,10 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
         raise CheckpointError(f"checkpoint {path} is unreadable or corrupt ({type(e).__name__}: {detail})") from e
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT or "model" not in ckpt:
         raise CheckpointError(f"checkpoint {path} is not a turbotrain checkpoint (format {FORMAT})")
+    try:
+        checkpoint_data.check(ckpt)
+    except checkpoint_data.UntrustedCheckpoint as e:
+        raise CheckpointError(f"checkpoint {path} is refused: {e}") from e
     return ckpt
 
 

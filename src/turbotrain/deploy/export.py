@@ -25,6 +25,7 @@ from turbotrain.validation import check_bounds
 
 log = logging.getLogger("turbotrain")
 DEPLOYS = ("int8", "int8_dynamic", "fp32")
+NAMED = ("best", "last")
 
 
 @contextlib.contextmanager
@@ -46,20 +47,50 @@ def quiet_deprecations():
 
 
 def find_run(run: str | None, outputs_dir: str, checkpoint: str) -> Path:
-    name = f"{checkpoint}.pt"
     if run:
         run_dir = Path(run).expanduser()
         if not run_dir.is_dir():
             raise ConfigError(f"run={run}: no such run dir")
-        if not (run_dir / "checkpoints" / name).is_file():
-            raise ConfigError(f"run={run}: no checkpoints/{name} in it (did training finish an epoch?)")
         return run_dir
-    found = sorted(Path(outputs_dir).glob(f"**/checkpoints/{name}"), key=lambda p: p.stat().st_mtime)
+    if checkpoint not in NAMED:
+        raise ConfigError(f"checkpoint={checkpoint}: a checkpoint file needs its run: pass run=<run dir>")
+    found = sorted(Path(outputs_dir).glob(f"**/checkpoints/{checkpoint}.pt"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise ConfigError(
-            f"no run with checkpoints/{name} under {outputs_dir}/: train first (python train.py) or pass run=<run dir>"
+            f"no run with checkpoints/{checkpoint}.pt under {outputs_dir}/: train first (python train.py) or pass run=<run dir>"
         )
     return found[-1].parent.parent
+
+
+def inside(run_dir: Path, path: Path) -> bool:
+    """Whether `path`, with every symlink followed, lies in the run dir."""
+    return path.resolve().is_relative_to(run_dir.resolve())
+
+
+def checkpoint_file(run_dir: Path, checkpoint: str) -> Path:
+    """`best`, `last`, or a file inside the run dir (relative to it, or absolute)."""
+    if checkpoint in NAMED:
+        path = run_dir / "checkpoints" / f"{checkpoint}.pt"
+        if not path.is_file():
+            raise ConfigError(f"run={run_dir}: no checkpoints/{checkpoint}.pt in it (did training finish an epoch?)")
+        return path
+    path = run_dir / Path(checkpoint).expanduser()  # an absolute path replaces run_dir
+    if not inside(run_dir, path):
+        raise ConfigError(f"checkpoint={checkpoint}: must be best, last or a file inside the run dir {run_dir}")
+    if not path.is_file():
+        raise ConfigError(f"checkpoint={checkpoint}: no such file in {run_dir}")
+    return path
+
+
+def export_dir_of(run_dir: Path, name: str) -> Path:
+    """<run>/export/<name>, refused when a symlink on the way leads out of the run dir."""
+    export_dir = run_dir / "export" / name
+    if not inside(run_dir, export_dir):
+        raise ConfigError(
+            f"{export_dir} leads outside the run dir (a symlink to {export_dir.resolve()}); export writes only "
+            "inside the run: remove the link"
+        )
+    return export_dir
 
 
 def _loader(dataset, batch_size: int, shuffle: bool, collate=None) -> DataLoader:
@@ -99,12 +130,26 @@ def _fastest_torchscript(target, example: tuple, deploy_cfg, kind: str):
     return best, timed, modules[best]
 
 
+def quantize_for(name: str, model: torch.nn.Module, kind: str, calib, example, batches: int):
+    """(model to convert, dtype description) for `deploy.name`; `model` itself is left alone."""
+    if name == "fp32":
+        return model, "float32"
+    if name == "int8" and kind == "image":
+        return quantize_static(copy.deepcopy(model), calib, batches, example), "int8 (static, per-channel weights)"
+    if name == "int8":  # text models: the word embeddings are most of their bytes
+        target = copy.deepcopy(model)
+        target = quantize_linear_dynamic(target, word_embedding_names(target, target.model))
+        return target, "int8 (dynamic Linear layers, weight-only Embeddings)"
+    return quantize_linear_dynamic(copy.deepcopy(model)), "int8 (dynamic, Linear layers)"
+
+
 def export(cfg) -> Path:
     if cfg.deploy.name not in DEPLOYS:
         raise ConfigError(f"deploy.name={cfg.deploy.name!r} is not supported; allowed: {', '.join(DEPLOYS)}")
     check_bounds(cfg, ("deploy",))
     run_dir = find_run(cfg.run, cfg.outputs_dir, cfg.checkpoint)
-    ckpt_path = run_dir / "checkpoints" / f"{cfg.checkpoint}.pt"
+    ckpt_path = checkpoint_file(run_dir, cfg.checkpoint)
+    export_dir = export_dir_of(run_dir, cfg.deploy.name)
     ckpt = ckpt_io.load(ckpt_path)
     arch, train_cfg = ckpt["arch"], OmegaConf.create(ckpt["config"])
     threads = cfg.deploy.threads or torch.get_num_threads()
@@ -119,23 +164,14 @@ def export(cfg) -> Path:
     val_loader = _loader(data.val, 32, shuffle=False, collate=data.collate)
     inputs = next(iter(val_loader))[0]
     example = (inputs["input_ids"], inputs["attention_mask"]) if text else (inputs,)
-    export_dir = run_dir / "export" / cfg.deploy.name
     with quiet_deprecations():
-        if cfg.deploy.name == "fp32":
-            target, dtype = model, "float32"
-        elif cfg.deploy.name == "int8" and not text:
-            calib = _loader(data.train_eval, 32, shuffle=True, collate=data.collate)
-            target = quantize_static(copy.deepcopy(model), calib, cfg.deploy.calibration_batches, inputs)
-            dtype = "int8 (static, per-channel weights)"
-        elif cfg.deploy.name == "int8":  # text models
-            target = copy.deepcopy(model)
-            target = quantize_linear_dynamic(target, word_embedding_names(target, target.model))
-            dtype = "int8 (dynamic Linear layers, weight-only Embeddings)"
-        else:
-            target, dtype = quantize_linear_dynamic(copy.deepcopy(model)), "int8 (dynamic, Linear layers)"
+        calib = _loader(data.train_eval, 32, shuffle=True, collate=data.collate)
+        target, dtype = quantize_for(cfg.deploy.name, model, arch["kind"], calib, inputs, cfg.deploy.calibration_batches)
         best, timed, module = _fastest_torchscript(target, tuple(a[:1] for a in example), cfg.deploy, arch["kind"])
         export_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(export_dir / "model.pt", lambda f: torch.jit.save(module, f))
+        if text:
+            report_io.save_tokenizer(tokenizer, export_dir / report_io.TOKENIZER)
         fp32_size = state_dict_mb(model)
         checks = report_io.verify(export_dir / "model.pt", model, val_loader, example, cfg.deploy, text=text)
     report = {
@@ -151,8 +187,8 @@ def export(cfg) -> Path:
         "input": report_io.input_spec(arch),
         "torch": torch.__version__,
         "quantized_engine": BACKEND,
-        "run": str(run_dir),
-        "checkpoint": str(ckpt_path),
+        "run": run_dir.resolve().name,  # relative: the folder ships without the builder's paths
+        "checkpoint": str(ckpt_path.resolve().relative_to(run_dir.resolve())),
     }
     report_io.write(export_dir, report)
     log.info(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -14,6 +16,7 @@ from turbotrain.loop import evaluate
 from turbotrain.precision import FP32_CPU as FP32
 
 CPU = torch.device("cpu")
+TOKENIZER = "tokenizer"  # text exports: the tokenizer's files, in this folder of the export
 
 
 def logits_agreement(artifact, reference: torch.nn.Module, args: tuple) -> dict:
@@ -58,8 +61,8 @@ def input_spec(arch: dict) -> dict:
             "shape": ["N", n],
             "dtype": "int64",
             "layout": "(input_ids, attention_mask), both [N, max_length]",
-            "preprocessing": f"tokenize with the tokenizer in {arch['tokenizer']}, truncation and padding to {n} tokens",
-            "tokenizer": arch["tokenizer"],
+            "preprocessing": f"tokenize with the tokenizer in {TOKENIZER}/, truncation and padding to {n} tokens",
+            "tokenizer": TOKENIZER,
             "mean": None,
             "std": None,
             "labels": arch["class_names"],
@@ -91,6 +94,28 @@ def _figures(r: dict) -> str:
     )
 
 
+def save_tokenizer(tokenizer, folder: Path) -> None:
+    """The tokenizer beside the model, so the export folder ships alone; replaced whole, so a
+    killed export never leaves a mix of two tokenizers."""
+    temp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(temp, ignore_errors=True)
+    tokenizer.save_pretrained(temp)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(temp, folder)
+
+
+def _call(spec: dict) -> str:
+    if spec.get("tokenizer") is None:
+        return f"    logits = model(images)                          # images: {spec['shape']} {spec['dtype']}"
+    n = spec["shape"][1]
+    return (
+        f"    from transformers import AutoTokenizer             # the tokenizer only\n"
+        f'    tokens = AutoTokenizer.from_pretrained("{spec["tokenizer"]}")(texts, padding="max_length",\n'
+        f'                                                  truncation=True, max_length={n}, return_tensors="pt")\n'
+        f'    logits = model(tokens["input_ids"], tokens["attention_mask"])'
+    )
+
+
 def write(export_dir: Path, report: dict) -> None:
     export_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(export_dir / "report.json", json.dumps(report, indent=2) + "\n")
@@ -105,7 +130,7 @@ Load it with torch alone (torch {report["torch"]}, quantized engine {BACKEND}):
     import torch
     torch.backends.quantized.engine = "{BACKEND}"   # for INT8 models
     model = torch.jit.load("model.pt")
-    logits = model(images)                          # images: {spec["shape"]} {spec["dtype"]}
+{_call(spec)}
 
 Input: {spec["layout"]} {spec["dtype"]}, {spec["preprocessing"]}.
 mean = {spec["mean"]}
