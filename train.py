@@ -12,15 +12,13 @@ from omegaconf import DictConfig
 from turbotrain import sweep
 from turbotrain.config import register_configs
 from turbotrain.distributed import note_run_dir, torchrun_argv
-from turbotrain.errors import OOM_HINT, USER_ERRORS, exit_on_unknown_option, one_line, report
+from turbotrain.errors import USER_ERRORS, as_out_of_memory, exit_on_unknown_option, one_line, report
 
 register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float:
-    import torch  # after Hydra has parsed argv: --help stays fast
-
     from turbotrain.pipeline import TrainingError, train
     from turbotrain.preemption import Preempted
 
@@ -33,8 +31,7 @@ def main(cfg: DictConfig) -> float:
         report(e)
         sys.exit(128 + e.signum)
     except Exception as e:
-        if isinstance(e, torch.OutOfMemoryError):
-            e = MemoryError(f"{OOM_HINT} ({str(e).splitlines()[0]})")
+        e = as_out_of_memory(e)
         user_error = isinstance(e, (*USER_ERRORS, TrainingError, MemoryError))
         if hydra_cfg.mode == RunMode.MULTIRUN:  # one failed job must not end the sweep
             if not user_error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -95,9 +96,12 @@ def test_sigterm_writes_checkpoint_and_exits_nonzero(tmp_path):
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM
     assert "stopped by SIGTERM" in stderr and "trainer.resume=auto" in stderr and "Traceback" not in stderr
-    step = load(run / "checkpoints" / "last.pt")["state"]["global_step"]
-    r = run_cli("train.py", *TINY, "trainer.max_epochs=1", "trainer.resume=auto", f"hydra.run.dir={run}")
-    assert r.returncode == 0 and load(run / "checkpoints" / "last.pt")["state"]["global_step"] >= step
+    saved = load(run / "checkpoints" / "last.pt")["state"]
+    target = saved["epoch"] + 1  # the resumed run has a whole epoch, or the rest of one, to train
+    r = run_cli("train.py", *TINY, f"trainer.max_epochs={target}", "trainer.resume=auto", f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    resumed = load(run / "checkpoints" / "last.pt")["state"]
+    assert resumed["global_step"] > saved["global_step"] and resumed["epoch"] == target
 
 
 @pytest.fixture()
@@ -164,9 +168,21 @@ def test_bad_config_is_one_clear_line(override, needle, tmp_path):
 
 
 def test_divergence_stops_with_step_loss_and_checkpoint(tmp_path):
-    cfg = make_cfg(*TINY, "precision=fp32", "optim.lr=1e12", "trainer.on_nan=stop", "trainer.max_epochs=3")
-    with pytest.raises(TrainingError, match=r"loss is (nan|inf) at step \d+.*checkpoint"):
+    train(make_cfg(*TINY, "precision=fp32", "trainer.max_epochs=1"), tmp_path)  # a good epoch first
+    last = tmp_path / "checkpoints" / "last.pt"
+    step = load(last)["state"]["global_step"]
+    cfg = make_cfg(
+        *TINY,
+        "precision=fp32",
+        "trainer.max_epochs=2",
+        "trainer.resume=auto",
+        "trainer.resume_strict=false",
+        "optim.lr=1e12",  # the next steps diverge
+        "trainer.on_nan=stop",
+    )
+    with pytest.raises(TrainingError, match=rf"loss is (nan|inf) at step \d+.*last good checkpoint: {re.escape(str(last))}"):
         train(cfg, tmp_path)
+    assert load(last)["state"]["global_step"] == step  # the diverged weights were never saved
 
 
 def test_nan_skip_gives_up_after_patience(tmp_path):
@@ -198,11 +214,39 @@ def test_nan_in_one_micro_batch_skips_its_whole_group(tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_oom_hint_names_the_keys():
-    from turbotrain.errors import OOM_HINT
+OOM_AT_THIRD_LOSS = """
+import runpy, sys, torch, torch.nn.functional as F
+real, calls = F.cross_entropy, []
+def cross_entropy(*args, **kwargs):  # the third loss of the run fails as a CUDA allocation would
+    calls.append(1)
+    if len(calls) == 3:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+    return real(*args, **kwargs)
+F.cross_entropy = cross_entropy
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
 
-    for key in ("data.batch_size", "trainer.grad_accum_steps", "precision=amp", "attention.checkpointing"):
-        assert key in OOM_HINT
+
+def test_out_of_memory_in_a_step_is_one_line_naming_the_keys(tmp_path):
+    args = [*TINY, "trainer.max_epochs=1", f"hydra.run.dir={tmp_path}"]
+    r = subprocess.run([sys.executable, "-c", OOM_AT_THIRD_LOSS, *args], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: out of memory: lower data.batch_size") and "Tried to allocate 20.00 GiB" in last
+    for key in ("trainer.grad_accum_steps", "precision=amp", "attention.checkpointing"):
+        assert key in last
+
+
+def test_cpu_allocation_failure_counts_as_out_of_memory():
+    from turbotrain.errors import as_out_of_memory
+
+    with pytest.raises(RuntimeError) as failed:  # a real allocation larger than any machine's memory
+        torch.empty(2**45, dtype=torch.uint8)
+    error = as_out_of_memory(failed.value)
+    assert isinstance(error, MemoryError) and "lower data.batch_size" in str(error), failed.value
+    assert as_out_of_memory(ValueError("x")).args == ("x",)
 
 
 def _poison_first_grad_once(model) -> None:

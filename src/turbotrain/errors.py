@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+import torch
+
 from turbotrain.atomic import WriteError
 from turbotrain.checkpoint import CheckpointError
 from turbotrain.config import ConfigError, check_group_options
@@ -16,6 +18,16 @@ OOM_HINT = (
     "out of memory: lower data.batch_size (keep the global batch with trainer.grad_accum_steps), use "
     "precision=amp, or attention.checkpointing=true for transformers"
 )
+
+
+def as_out_of_memory(error: BaseException) -> BaseException:
+    """A MemoryError carrying OOM_HINT for an allocation failure (CUDA's OutOfMemoryError, or the
+    CPU allocator's RuntimeError, which torch does not type), else the error unchanged."""
+    first = (str(error).strip().splitlines() or [""])[0]
+    cpu = isinstance(error, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in first
+    if isinstance(error, torch.OutOfMemoryError) or cpu:
+        return MemoryError(f"{OOM_HINT} ({first.split('] ')[-1][:200]})")
+    return error
 
 
 def one_line(error: BaseException) -> str:
