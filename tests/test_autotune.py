@@ -79,7 +79,8 @@ def test_autotune_times_compile_as_a_candidate(tmp_path):
     table = json.loads((tmp_path / "summary.json").read_text())["autotune"]["table"]
     assert [r["compile"] for r in table] == [False, True]
     compiled = table[1]
-    assert "error" in compiled or compiled["first_step_s"] > table[0]["first_step_s"]
+    assert "error" not in compiled, compiled["error"]  # a broken torch.compile fails the test
+    assert compiled["first_step_s"] > table[0]["first_step_s"]  # compilation is paid on the first step
 
 
 def test_text_candidates_are_kernels_not_layouts():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from conftest import run_cli
 
 
@@ -17,6 +19,7 @@ def test_cfg_job_prints_config():
     assert r.returncode == 0 and "name: resnet18" in r.stdout
 
 
+@pytest.mark.slow  # real processes, ~20-70 s on a 2-core CPU: `python -m pytest -m slow`
 def test_bad_values_exit_nonzero_with_one_line(tmp_path):
     r = run_cli("train.py", "optim.lr=-1", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 2

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from conftest import CONF, make_cfg
+from turbotrain import distributed
+from turbotrain.attention import NAME as ATTENTION_NAME
+from turbotrain.compression import apply_compression
 from turbotrain.config import ConfigError
 from turbotrain.data import build_data
 from turbotrain.data.loader import EpochSampler, build_loader
 from turbotrain.models import build_model
 from turbotrain.optim import build_optimizer
-from turbotrain.precision import build_precision
+from turbotrain.precision import build_precision, native_bf16_cpu
 from turbotrain.sched import build_scheduler
 from turbotrain.tracking import Tracker
 from turbotrain.validation import validate
@@ -29,6 +33,7 @@ def test_required_groups_exist():
 
 
 TEXT_OPTIONS = {
+    ("attention", "full"),
     ("data", "wordnet"),
     ("data", "text_files"),
     ("data", "hf_hub"),
@@ -72,6 +77,144 @@ def _text_option(group, option, tmp_path):
         factorize(model, cfg.compression.targets, cfg.compression.rank, cfg.compression.energy)
     inputs, labels = data.collate([data.val[0], data.val[1]])
     assert model(**inputs).logits.shape == (2, data.num_classes)
+    assert TEXT_SPECIFIC[group, option](cfg, data, model), f"{group}={option}: its specific check failed"
+
+
+def _layers(model) -> int:
+    return model.config.num_hidden_layers
+
+
+TEXT_SPECIFIC = {
+    ("attention", "full"): lambda cfg, data, model: model.config._attn_implementation == "sdpa",
+    ("attention", "sliding_window"): lambda cfg, data, model: model.config._attn_implementation == ATTENTION_NAME,
+    ("compression", "embed_lowrank"): lambda cfg, data, model: "LowRankEmbedding" in _modules(model),
+    ("data", "wordnet"): lambda cfg, data, model: (
+        data.class_names == ["act", "animal", "artifact", "communication", "person", "plant"]
+    ),
+    ("data", "text_files"): lambda cfg, data, model: sorted(data.class_names) == ["boat", "fruit"],
+    ("model", "minilm"): lambda cfg, data, model: (_layers(model), model.config.hidden_size) == (6, 384),
+    ("model", "hf"): lambda cfg, data, model: (_layers(model), model.config.hidden_size) == (6, 384),
+    ("model", "bert_tiny"): lambda cfg, data, model: _layers(model) == 2,
+    ("experiment", "wordnet_minilm"): lambda cfg, data, model: (
+        (_layers(model), cfg.optim.name, cfg.data.bucket_by_length) == (6, "adamw", True)
+    ),
+}
+
+
+def _modules(model) -> set[str]:
+    return {type(m).__name__ for m in model.modules()}
+
+
+def _lrs(b, steps=12) -> list[float]:
+    lrs = []
+    for _ in range(steps):
+        lrs.append(b["opt"].param_groups[0]["lr"])
+        b["opt"].step()
+        if b["sched"] is not None:
+            b["sched"].step()
+    return lrs
+
+
+def _profile(b):
+    from turbotrain.profiling import profiler
+
+    with profiler(b["cfg"].profiler, b["tmp"], torch.device("cpu"), True) as step:
+        for _ in range(14):
+            b["model"](torch.randn(2, 3, 32, 32))
+            if step is not None:
+                step()
+    return sorted(p.name for p in (b["tmp"] / "profiler").iterdir()) if (b["tmp"] / "profiler").exists() else []
+
+
+def _quantized(b, name):
+    from turbotrain.deploy.export import quantize_for
+
+    model = b["model"].eval()
+    calib = [(torch.randn(4, 3, 32, 32), torch.zeros(4)) for _ in range(2)]
+    return quantize_for(name, model, "image", calib, torch.randn(4, 3, 32, 32), batches=2)[0]
+
+
+def _fused_per_channel(q) -> bool:
+    convs = [m for m in q.modules() if type(m).__name__ == "ConvReLU2d" and hasattr(m, "weight")]
+    return (
+        bool(convs) and all(c.weight().qscheme() == torch.per_channel_affine for c in convs) and "BatchNorm2d" not in _modules(q)
+    )
+
+
+def _dynamic_linear_only(q) -> bool:
+    linears = [m for m in q.modules() if type(m).__name__ == "Linear"]
+    convs_float = all(type(m) is torch.nn.Conv2d for m in q.modules() if "Conv" in type(m).__name__)
+    return bool(linears) and all("quantized.dynamic" in type(m).__module__ for m in linears) and convs_float
+
+
+def _channel_prune(b):
+    from turbotrain.compression.prune import channel_prune
+
+    return channel_prune(b["model"].eval(), torch.randn(1, 3, 32, 32), b["cfg"].compression)["macs_reduction"]
+
+
+def _weight_prune(b):
+    from turbotrain.compression.prune import weight_prune
+
+    return weight_prune(b["model"], b["cfg"].compression.sparsity)["sparsity"]
+
+
+def _hydra(option):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=[f"hparams_search={option}"], return_hydra_config=True).hydra
+
+
+# (group, option) -> a check of what that option, and no other, does (b: what the test built)
+SPECIFIC = {
+    ("compression", "none"): lambda b: apply_compression(b["model"], b["cfg"].compression, example=None, evaluate=None) is None,
+    ("compression", "channel_prune"): lambda b: 0.3 <= _channel_prune(b) < 0.6,
+    ("compression", "weight_prune"): lambda b: abs(_weight_prune(b) - 0.5) < 0.01,
+    ("data", "fashion_mnist"): lambda b: (
+        (b["data"].in_channels, b["image"].shape[-1], b["data"].class_names[0]) == (1, 28, "T-shirt/top")
+    ),
+    ("data", "imagenet"): lambda b: b["data"].class_names == ["china", "flower"] and b["image"].shape[0] == 3,
+    ("data", "digits"): lambda b: b["image"].shape == (1, 8, 8) and len(b["data"].train) + len(b["data"].val) == 1797,
+    ("data", "synthetic"): lambda b: len(b["data"].train) + len(b["data"].val) == 1024 and b["image"].shape == (3, 32, 32),
+    ("deploy", "fp32"): lambda b: _quantized(b, "fp32") is b["model"],
+    ("deploy", "int8"): lambda b: _fused_per_channel(_quantized(b, "int8")),
+    ("deploy", "int8_dynamic"): lambda b: _dynamic_linear_only(_quantized(b, "int8_dynamic")),
+    ("distributed", "none"): lambda b: distributed.setup(b["cfg"].distributed, "cpu")[0].world_size == 1,
+    ("distributed", "ddp"): lambda b: (b["cfg"].distributed.nproc, b["cfg"].distributed.backend) == (2, "auto"),
+    ("experiment", "resnet18_fashion"): lambda b: "BasicBlock" in _modules(b["model"]) and b["cfg"].data.image_size == 64,
+    ("hparams_search", "optuna"): lambda b: "optuna" in _hydra("optuna").sweeper._target_,
+    ("loader", "default"): lambda b: (b["loader"].num_workers, b["loader"].prefetch_factor) == (0, None),
+    ("loader", "tuned"): lambda b: (
+        (b["loader"].num_workers, b["loader"].prefetch_factor, b["loader"].persistent_workers) == (2, 4, True)
+    ),
+    ("logger", "none"): lambda b: b["tracker_wandb"] is None,
+    ("logger", "wandb"): lambda b: b["tracker_wandb"] is not None,
+    ("model", "small_cnn"): lambda b: type(b["model"]).__name__ == "SmallCNN",
+    ("model", "resnet18"): lambda b: "BasicBlock" in _modules(b["model"]) and "Bottleneck" not in _modules(b["model"]),
+    ("model", "resnet50"): lambda b: "Bottleneck" in _modules(b["model"]),
+    ("model", "mobilenet_v3_small"): lambda b: type(b["model"]).__name__ == "MobileNetV3",
+    ("model", "efficientnet_b0"): lambda b: type(b["model"]).__name__ == "EfficientNet",
+    ("optim", "sgd"): lambda b: isinstance(b["opt"], torch.optim.SGD) and b["opt"].defaults["nesterov"],
+    ("optim", "adam"): lambda b: type(b["opt"]) is torch.optim.Adam,
+    ("optim", "adamw"): lambda b: type(b["opt"]) is torch.optim.AdamW,
+    ("optim", "rmsprop"): lambda b: type(b["opt"]) is torch.optim.RMSprop,
+    ("optim", "adagrad"): lambda b: type(b["opt"]) is torch.optim.Adagrad,
+    ("precision", "fp32"): lambda b: b["precision"].dtype is None,
+    ("precision", "bf16"): lambda b: b["precision"].dtype is torch.bfloat16,
+    ("precision", "fp16"): lambda b: b["precision"].dtype is torch.float16 and b["precision"].scaler.get_scale() == 65536.0,
+    ("precision", "amp"): lambda b: b["precision"].dtype is (torch.bfloat16 if native_bf16_cpu() else None),
+    ("profiler", "none"): lambda b: _profile(b) == [],
+    ("profiler", "torch"): lambda b: "trace.json" in _profile(b),
+    ("sched", "none"): lambda b: len(set(_lrs(b))) == 1,
+    ("sched", "cosine"): lambda b: (lambda lr: lr == sorted(lr) and lr[0] < lr[-1])(_lrs(b)),  # warm-up: 19 of 20 steps
+    ("sched", "cyclic"): lambda b: type(b["sched"]).__name__ == "CyclicLR",
+    ("sched", "onecycle"): lambda b: type(b["sched"]).__name__ == "OneCycleLR",
+    ("sched", "step"): lambda b: (lambda lr: lr[5] == pytest.approx(0.1 * lr[4]))(_lrs(b)),
+}
+
+
+def test_every_option_has_a_specific_check():
+    assert set(OPTIONS) - TEXT_OPTIONS == set(SPECIFIC)
+    assert TEXT_OPTIONS - {("data", "hf_hub")} == set(TEXT_SPECIFIC)  # hf_hub: its offline error is checked
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
@@ -97,12 +240,6 @@ def test_option_composes_and_instantiates(group, option, jpeg_tree, tmp_path):
     assert out.shape == (2, data.num_classes)
     opt = build_optimizer(model, cfg.optim)
     sched = build_scheduler(opt, cfg.sched, cfg.optim, total_steps=20, steps_per_epoch=5)
-    for _ in range(3):
-        opt.step()
-        if sched is not None:
-            sched.step()
-    assert opt.param_groups[0]["lr"] > 0
-    build_precision(cfg.precision, torch.device("cpu"))
     loader = build_loader(
         data.train,
         batch_size=4,
@@ -116,8 +253,21 @@ def test_option_composes_and_instantiates(group, option, jpeg_tree, tmp_path):
     assert x.shape[0] == 4 and y.shape == (4,) and x.dtype == torch.float32
     tracker = Tracker(tmp_path, enabled=True, logger_cfg=cfg.logger, config={})
     tracker.log(step=0, split="train", loss=1.0)
+    wandb_run = tracker._wandb  # close() lets go of it
     tracker.close()
-    assert cfg.deploy.name in {"int8", "int8_dynamic", "fp32"}
+    built = {
+        "cfg": cfg,
+        "data": data,
+        "image": image,
+        "model": model,
+        "opt": opt,
+        "sched": sched,
+        "loader": loader,
+        "precision": build_precision(cfg.precision, torch.device("cpu")),
+        "tracker_wandb": wandb_run,
+        "tmp": tmp_path,
+    }
+    assert SPECIFIC[group, option](built), f"{group}={option}: its specific check failed"
 
 
 def test_misspelt_key_fails_at_compose():
@@ -153,3 +303,9 @@ def test_wrong_type_fails_at_compose():
 def test_validate_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(make_cfg(override))
+
+
+def test_fp16_grad_scaler_takes_init_scale_and_growth_interval():
+    cfg = make_cfg("precision=fp16", "precision.init_scale=1024", "precision.growth_interval=7")
+    scaler = build_precision(cfg.precision, torch.device("cpu")).scaler
+    assert (scaler.get_scale(), scaler.get_growth_interval()) == (1024.0, 7)

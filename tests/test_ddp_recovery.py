@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import ROOT, run_cli
@@ -69,6 +70,7 @@ def _same_weights(a: Path, b: Path) -> None:
         assert torch.equal(v, y["model"][k]), k
 
 
+@pytest.mark.slow  # real processes, ~20-70 s on a 2-core CPU: `python -m pytest -m slow`
 def test_sigterm_to_one_rank_stops_both_and_resume_equals_uninterrupted(tmp_path):
     full, cut = tmp_path / "full", tmp_path / "cut"
     r = run_cli("train.py", *DDP, f"hydra.run.dir={full}", cwd=tmp_path)
@@ -100,6 +102,7 @@ def test_sigterm_to_the_launcher_saves_and_exits_143(tmp_path):
     assert load(run / "checkpoints" / "last.pt")["state"]["global_step"] >= 2
 
 
+@pytest.mark.slow  # real processes, ~20-70 s on a 2-core CPU: `python -m pytest -m slow`
 def test_killed_rank_restarts_and_the_run_finishes(tmp_path):
     run, tag = tmp_path / "run", uuid.uuid4().hex
     args = [*DDP, "trainer.max_epochs=3", "trainer.checkpoint_every_n_steps=4", "distributed.max_restarts=1"]
@@ -127,6 +130,7 @@ def _torchrun(args, cwd):
     return subprocess.run([*cmd, str(ROOT / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # real processes, ~20-70 s on a 2-core CPU: `python -m pytest -m slow`
 def test_plain_torchrun_shares_one_dir_and_leaves_nothing_stale(tmp_path):
     """No --standalone: the rendezvous id is "none" for every run; a failed start must not
     steer the next run's ranks."""

@@ -16,6 +16,7 @@ import torch
 
 from conftest import ROOT, run_cli
 from turbotrain.checkpoint import load
+from turbotrain.distributed import balance_warning
 
 # BN-free and dropout-free, so 2 ranks x 32 samples must equal 1 rank x 64 samples exactly
 # up to float summation order.
@@ -62,6 +63,16 @@ def test_two_process_ddp_equals_one_process_on_same_global_batch(tmp_path):
     assert steps == [1, 2, 3, 4, 4]  # four train events, one val event
     summary = json.loads((two / "summary.json").read_text())
     assert summary["world_size"] == 2 and len(summary["rank_peak_mem_mb"]) == 2
+    rows = [list(r) for r in zip(summary["rank_peak_mem_mb"], summary["rank_epoch_time_s"], strict=True)]
+    expected = balance_warning(rows, ("peak_mem_mb", "epoch_time_s"))  # the run's own rule, on its own figures
+    assert ("ranks are unbalanced" in (two / "train.log").read_text()) == (expected is not None)
+
+
+def test_rank_balance_warning_names_the_spread():
+    rows = [[1000.0, 10.0], [1050.0, 13.0]]  # memory 5 % apart, time 30 % apart
+    warning = balance_warning(rows, ("peak_mem_mb", "epoch_time_s"))
+    assert warning == "ranks are unbalanced: epoch_time_s 10.0..13.0 (30% apart)"
+    assert balance_warning([[1000.0, 10.0], [1090.0, 10.5]], ("peak_mem_mb", "epoch_time_s")) is None
 
 
 def _pids_with_env(tag: str, rank: str) -> list[int]:

@@ -100,6 +100,7 @@ def test_artifact_loads_in_fresh_process_without_turbotrain(digits_run, tmp_path
         torch.testing.assert_close(y, torch.jit.load(str(out / "model.pt"))(x))
 
 
+@pytest.mark.slow  # real processes, ~20-70 s on a 2-core CPU: `python -m pytest -m slow`
 def test_resnet18_int8_on_real_jpegs(jpeg_tree, tmp_path):
     run = tmp_path / "r18"
     cfg = make_cfg(

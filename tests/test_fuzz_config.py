@@ -65,8 +65,8 @@ def test_random_overrides_run_or_fail_cleanly(seed, tmp_path, capsys):
     ]
     try:
         cfg = make_cfg(*overrides)
-    except ConfigCompositionException as e:
-        assert "Traceback" not in str(e)
+    except ConfigCompositionException as e:  # a wrong type: Hydra names the override it could not merge
+        assert NAMES_A_KEY.search(str(e)) and "could not be converted" in str(e).lower(), str(e)
         return
     try:
         if cfg.distributed.name == "ddp":

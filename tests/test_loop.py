@@ -177,9 +177,24 @@ def test_warns_when_the_smallest_size_collapses_feature_maps(caplog):
         assert ("1x1" in caplog.text) is warned, (nominal, caplog.text)
 
 
-def test_dynamic_resolution_run_evaluates_at_nominal_size(tmp_path):
+def test_dynamic_resolution_run_evaluates_at_nominal_size(tmp_path, monkeypatch):
     from conftest import TINY
-    from turbotrain.pipeline import train
+    from turbotrain import pipeline
 
+    sizes = {True: set(), False: set()}  # model.training -> input sizes seen
+
+    def record(module, args):
+        sizes[module.training].add(tuple(args[0].shape[-2:]))
+
+    real_evaluate = pipeline.evaluate
+
+    def evaluate_and_watch(model, *args, **kwargs):  # the real evaluate, with the model's inputs recorded
+        if not model._forward_pre_hooks:
+            model.register_forward_pre_hook(record)
+        return real_evaluate(model, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "evaluate", evaluate_and_watch)
     cfg = make_cfg(*TINY, "data.image_size=16", "data.resolution=dynamic", "data.resolution_step=4", "trainer.max_epochs=2")
-    assert train(cfg, tmp_path) > 0.3
+    assert pipeline.train(cfg, tmp_path) > 0.3
+    assert sizes[False] == {(16, 16)}, sizes  # every validation batch at the nominal size
+    assert len(sizes[True]) > 1, sizes  # while training (epoch 2) used several sizes

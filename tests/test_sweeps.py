@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 
+import pytest
 from hydra import compose, initialize_config_dir
 
 from conftest import CONF, run_cli
@@ -48,6 +49,7 @@ def test_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert "must be > 0" in (sweep / "sweep_summary.md").read_text()
 
 
+@pytest.mark.slow  # real processes, ~20-70 s on a 2-core CPU: `python -m pytest -m slow`
 def test_optuna_trial_that_fails_is_reported_and_the_study_goes_on(tmp_path):
     sweep = tmp_path / "optuna"
     r = run_cli(

@@ -12,8 +12,10 @@ import torch
 from conftest import make_cfg, run_cli
 from turbotrain.checkpoint import load
 from turbotrain.config import ConfigError
+from turbotrain.data import build_data
 from turbotrain.data.loader import EpochSampler
 from turbotrain.data.text import WORDNET_TOPICS, read_wordnet
+from turbotrain.models import build_for, build_tokenizer_for
 from turbotrain.pipeline import train
 
 TEXT = (
@@ -143,6 +145,33 @@ def test_non_utf8_bytes_are_replaced_or_named(tmp_path):
     bad.write_bytes(b"text,label\nplain words,a\nbroken \xff\xfe bytes,b\nmore words,a\nother,b\n")
     common = ("data=text_files", f"data.train_path={bad}", f"data.val_path={bad}", "model=bert_tiny")
     cfg = make_cfg(*common, "trainer.max_steps=1", "trainer.max_epochs=1", "trainer.progress_bar=false", "data.batch_size=2")
-    assert train(cfg, tmp_path / "skip") >= 0.0
+    train(cfg, tmp_path / "skip")
+    assert json.loads((tmp_path / "skip" / "summary.json").read_text())["steps"] == 1  # it trained
+    data = build_data(cfg.data, build_tokenizer_for(cfg.model, cfg.data.max_length))
+    assert len(data.train) == 4  # the row with bad bytes is kept, its bytes replaced
     with pytest.raises(DataError, match="train.csv"):
         train(make_cfg(*common, "data.on_bad_sample=error"), tmp_path / "error")
+
+
+def test_text_int8_is_dynamic_linear_with_weight_only_word_embeddings():
+    from turbotrain.deploy.export import quantize_for
+    from turbotrain.deploy.script import TextLogits
+
+    cfg = make_cfg(*TEXT, "data.max_length=32")
+    tokenizer = build_tokenizer_for(cfg.model, cfg.data.max_length)
+    data = build_data(cfg.data, tokenizer)
+    torch.manual_seed(0)
+    model = TextLogits(build_for(cfg.model, data, tokenizer, cfg.data.max_length)).eval()
+    q, dtype = quantize_for("int8", model, "text", calib=None, example=None, batches=0)
+    words = q.model.bert.embeddings.word_embeddings
+    assert type(words).__name__ == "Embedding" and "quantized" in type(words).__module__
+    assert words.weight().qscheme() == torch.per_channel_affine_float_qparams  # one scale per row
+    assert words.weight().dtype == torch.quint8
+    linears = [m for n, m in q.named_modules() if type(m).__name__ == "Linear"]
+    assert linears and all("quantized.dynamic" in type(m).__module__ for m in linears)
+    assert isinstance(model.model.bert.embeddings.word_embeddings, torch.nn.Embedding)  # the float model is untouched
+    inputs, _ = data.collate([data.val[i] for i in range(8)])
+    args = (inputs["input_ids"], inputs["attention_mask"])
+    with torch.no_grad():
+        a, b = q(*args), model(*args)
+    assert (a - b).abs().max() < 0.1 * b.abs().max() + 0.05, (a - b).abs().max()

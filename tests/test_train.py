@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -124,11 +125,38 @@ def test_cli_imagenet_resnet18_one_epoch(jpeg_tree, tmp_path):
     assert (run_dir / "train.log").is_file()
 
 
-@pytest.mark.parametrize("sched", ["cosine", "cyclic", "onecycle", "step"])
-def test_scheduler_state_survives_weights_only_checkpoint(sched, tmp_path):
-    cfg = make_cfg(*TINY, f"sched={sched}", "trainer.max_epochs=1", "trainer.limit_train_batches=4")
+def _cyclic(k: int, half: int = 5, low: float = 0.1) -> float:
+    x = abs(k / half - 2 * math.floor(1 + k / (2 * half)) + 1)  # the triangular policy's phase
+    return low + (1 - low) * max(0.0, 1 - x)
+
+
+# sched overrides -> LR / peak LR at optimizer step k of a 20-step run (10 steps an epoch), in
+# closed form: the run's scheduler must give these values.
+LR_CURVES = {
+    "warm-up cosine": (
+        ["sched=cosine", "sched.warmup_steps=5", "sched.min_lr_ratio=0.0"],
+        lambda k: (k + 1) / 5 if k < 5 else 0.5 * (1 + math.cos(math.pi * (k - 5) / 15)),
+    ),
+    "step": (["sched=step", "sched.step_epochs=1", "sched.gamma=0.1"], lambda k: 0.1 ** (k // 10)),
+    "cyclic": (["sched=cyclic", "sched.cycle_epochs=1", "sched.base_lr_ratio=0.1"], _cyclic),
+    "none": (["sched=none"], lambda k: 1.0),
+}
+
+
+@pytest.mark.parametrize("name", list(LR_CURVES))
+def test_lr_follows_the_schedule_and_its_state_is_saved(name, tmp_path):
+    overrides, curve = LR_CURVES[name]
+    common = (*TINY, *overrides, "trainer.limit_train_batches=10", "trainer.log_every_n_steps=1")
+    cfg = make_cfg(*common, "trainer.max_epochs=2")
     train(cfg, tmp_path)
-    assert load(tmp_path / "checkpoints" / "last.pt")["scheduler"] is not None
+    events = [e for e in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if e["split"] == "train"]
+    # a train event at step k (k steps done) logs the LR the next step, k, will use
+    got = {e["step"]: e["lr"] for e in events if e["step"] < 20}
+    assert len(got) == 19
+    for k, lr in got.items():
+        assert lr == pytest.approx(cfg.optim.lr * curve(k), rel=1e-6, abs=1e-12), (name, k)
+    state = load(tmp_path / "checkpoints" / "last.pt")["scheduler"]
+    assert (state is None) == (name == "none") and (state is None or state["last_epoch"] == 20)
 
 
 def test_profiler_writes_trace_and_top_ops(tmp_path):
@@ -142,3 +170,20 @@ def test_profiler_writes_trace_and_top_ops(tmp_path):
 def test_no_profiler_no_files(tmp_path):
     train(make_cfg(*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=3"), tmp_path)
     assert not (tmp_path / "profiler").exists()
+
+
+def test_custom_augmentation_list_runs_inside_training(tmp_path):
+    """A user's augmentation list (torchvision v2 ops by name, and random_choice) reaches the
+    training batches: the run trains, and its weights differ from the same run without it."""
+    augment = (
+        "data.augment=[{name: RandomHorizontalFlip, p: 1.0},"
+        " {name: random_choice, ops: [{name: RandomRotation, degrees: 30}, {name: GaussianBlur, kernel_size: 3}]}]"
+    )
+    common = (*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=6")
+    train(make_cfg(*common, "data.augment=[]"), tmp_path / "plain")
+    train(make_cfg(*common, augment), tmp_path / "augmented")
+    plain = load(tmp_path / "plain" / "checkpoints" / "last.pt")
+    augmented = load(tmp_path / "augmented" / "checkpoints" / "last.pt")
+    assert augmented["state"]["global_step"] == plain["state"]["global_step"] == 6
+    assert "RandomHorizontalFlip" in augmented["config"] and "GaussianBlur" in augmented["config"]
+    assert any(not torch.equal(v, plain["model"][k]) for k, v in augmented["model"].items() if v.is_floating_point())
