@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import write
+from bench.common import labelled, write
 
 CONFIGS = {
     "full (attn dropout 0.1: unfused)": {"name": "full", "dropout": 0.1},
@@ -67,6 +67,27 @@ def measure(attention: dict, length: int, steps: int = 2) -> dict:
 UNFUSED_MAX = 2048  # the unfused path's n x n probabilities need ~37 GB at 4096 tokens
 
 
+def figures(result: dict) -> list[dict]:
+    """Per length: sliding window against fused (and unfused) full attention, medians over repeats."""
+    rows = []
+    for by_name in result["results"].values():
+        med = {name: {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in rs[0]} for name, rs in by_name.items()}
+        fused, sw = med["full (attn dropout 0: fused SDPA)"], med["sliding w=256"]
+        unfused = med.get("full (attn dropout 0.1: unfused)")
+        vs_unfused = (
+            f"{unfused['step_s'] / sw['step_s']:.2f}x faster than unfused ({unfused['train_mem_mb']:.0f} MB), " if unfused else ""
+        )
+        rows.append(
+            {
+                "ours": f"{vs_unfused}{fused['step_s'] / sw['step_s']:.2f}x vs fused SDPA ({sw['step_s']:.1f} vs "
+                f"{fused['step_s']:.1f} s/step); training memory above the model {sw['train_mem_mb']:.0f} vs "
+                f"{fused['train_mem_mb']:.0f} MB (peak RSS {sw['peak_rss_mb']:.0f} vs {fused['peak_rss_mb']:.0f} MB)",
+                "ratio": fused["step_s"] / sw["step_s"],
+            }
+        )
+    return rows
+
+
 def run(lengths=(512, 1024, 2048, 4096), repeats: int = 1) -> str:
     results: dict = {}
     for _ in range(repeats):
@@ -78,28 +99,15 @@ def run(lengths=(512, 1024, 2048, 4096), repeats: int = 1) -> str:
                 out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
                 results.setdefault(f"{length}", {}).setdefault(name, []).append(json.loads(out.stdout.strip().splitlines()[-1]))
                 print(length, name, results[f"{length}"][name][-1], flush=True)
-    med = {
-        length: {name: {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in rs[0]} for name, rs in by_name.items()}
-        for length, by_name in results.items()
-    }
-    rows = []
-    for length, by_name in med.items():
-        fused, sw = by_name["full (attn dropout 0: fused SDPA)"], by_name["sliding w=256"]
-        unfused = by_name.get("full (attn dropout 0.1: unfused)")
-        vs_unfused = (
-            f"{unfused['step_s'] / sw['step_s']:.2f}x faster than unfused ({unfused['train_mem_mb']:.0f} MB), " if unfused else ""
+    labels = [
+        (
+            f"MiniLM training step @{length} tokens, batch 2: sliding w=256 vs full attention",
+            "512 -> 2048 tokens, 2.1x faster" if length == "2048" else "-",
         )
-        rows.append(
-            {
-                "what": f"MiniLM training step @{length} tokens, batch 2: sliding w=256 vs full attention",
-                "seed": "512 -> 2048 tokens, 2.1x faster" if length == "2048" else "-",
-                "ours": f"{vs_unfused}{fused['step_s'] / sw['step_s']:.2f}x vs fused SDPA ({sw['step_s']:.1f} vs "
-                f"{fused['step_s']:.1f} s/step); training memory above the model {sw['train_mem_mb']:.0f} vs "
-                f"{fused['train_mem_mb']:.0f} MB (peak RSS {sw['peak_rss_mb']:.0f} vs {fused['peak_rss_mb']:.0f} MB)",
-                "ratio": fused["step_s"] / sw["step_s"],
-            }
-        )
-    return str(write("attention", {"results": results, "median": med, "rows": rows}))
+        for length in results
+    ]
+    rows = labelled(labels, figures({"results": results}))
+    return str(write("attention", {"results": results, "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,28 @@ HAND = {
 }
 
 
+def figures(result: dict) -> list[dict]:
+    """Per precision: autotune against the best hand-picked layout, medians over the repeats."""
+    rows = []
+    for precision, runs in result["results"].items():
+        med = {name: statistics.median(r["samples_per_s"] for r in rs) for name, rs in runs.items()}
+        best_hand = max((n for n in HAND), key=lambda n: med[n])
+        chosen = [r["chosen"] for r in runs["autotune"]]
+        tuning = statistics.median(r["tuning_s"] for r in runs["autotune"])
+        rows.append(
+            {
+                "what": f"resnet18 @64px precision={precision}: trainer.autotune vs best hand-picked layout ({best_hand})",
+                "seed": "tuned >= best hand-picked within noise (no peer does this)",
+                "ours": f"{med['autotune'] / med[best_hand]:.2f}x ({med['autotune']:.0f} vs {med[best_hand]:.0f} samples/s; "
+                f"other layout {min(med[n] for n in HAND):.0f}); chose "
+                + ", ".join(f"{k}={v}" for k, v in chosen[0].items())
+                + f"; {tuning:.0f} s of tuning",
+                "ratio": med["autotune"] / med[best_hand],
+            }
+        )
+    return rows
+
+
 def run(precisions=("fp32", "amp"), batches: int = 80, repeats: int = 2) -> Path:
     common = (
         "experiment=resnet18_fashion",
@@ -36,23 +58,7 @@ def run(precisions=("fp32", "amp"), batches: int = 80, repeats: int = 2) -> Path
                     {"samples_per_s": steady_rate(events), "tuning_s": tuned.get("seconds"), "chosen": tuned.get("chosen")}
                 )
         results[precision] = runs
-    rows = []
-    for precision, runs in results.items():
-        med = {name: statistics.median(r["samples_per_s"] for r in rs) for name, rs in runs.items()}
-        best_hand = max((n for n in HAND), key=lambda n: med[n])
-        chosen = [r["chosen"] for r in runs["autotune"]]
-        tuning = statistics.median(r["tuning_s"] for r in runs["autotune"])
-        rows.append(
-            {
-                "what": f"resnet18 @64px precision={precision}: trainer.autotune vs best hand-picked layout ({best_hand})",
-                "seed": "tuned >= best hand-picked within noise (no peer does this)",
-                "ours": f"{med['autotune'] / med[best_hand]:.2f}x ({med['autotune']:.0f} vs {med[best_hand]:.0f} samples/s; "
-                f"other layout {min(med[n] for n in HAND):.0f}); chose "
-                + ", ".join(f"{k}={v}" for k, v in chosen[0].items())
-                + f"; {tuning:.0f} s of tuning",
-                "ratio": med["autotune"] / med[best_hand],
-            }
-        )
+    rows = figures({"results": results})
     return write("autotune", {"setup": common, "results": results, "rows": rows})
 
 

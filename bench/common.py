@@ -1,4 +1,4 @@
-"""What every benchmark shares: hardware facts, interleaved repeats, result files, README table."""
+"""What every benchmark shares: hardware facts, interleaved repeats, result files."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
-README = Path(__file__).resolve().parents[1] / "README.md"
-START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def hardware() -> dict:
@@ -52,7 +51,7 @@ def train_py(*overrides: str) -> tuple[list[dict], dict]:
     metrics.jsonl events and summary.json (the same figures a user sees)."""
     with tempfile.TemporaryDirectory() as tmp:
         args = ["trainer.progress_bar=false", *overrides, f"hydra.run.dir={tmp}"]
-        done = subprocess.run([sys.executable, "train.py", *args], cwd=README.parent, capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"train.py {' '.join(overrides)} failed:\n{done.stderr[-2000:]}")
         events = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
@@ -73,61 +72,6 @@ def write(name: str, payload: dict) -> Path:
     return path
 
 
-def plot(ratios: list[tuple[str, float]], path: Path) -> None:
-    """One horizontal bar per comparison that has a ratio (x: speed-up, 1 = no change)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(12, 0.38 * len(ratios) + 1.2))
-    labels = [label if len(label) <= 95 else label[:92] + "..." for label, _ in ratios]
-    values = [v for _, v in ratios]
-    ax.barh(range(len(values)), values, color=["#2a7" if v >= 1 else "#c44" for v in values])
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_yticks(range(len(values)), labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ticks = [t for t in (0.25, 0.5, 1, 2, 4, 8, 16) if min(values) / 1.5 <= t <= max(values) * 1.5]
-    ax.set_xticks(ticks, [f"{t:g}x" for t in ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("ratio (higher is better; 1 = baseline), medians of interleaved repeats")
-    for i, v in enumerate(values):
-        ax.text(v, i, f" {v:.2f}x", va="center", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def update_readme() -> None:
-    """Regenerate the table between the bench markers from every results file's `rows`, and the
-    plot of every row's ratio (bench/results/ratios.png)."""
-    rows, ratios = [], []
-    for path in sorted(RESULTS.glob("*.json")):
-        result = json.loads(path.read_text())
-        hw = result["hardware"]
-        where = hw["gpu"] or f"{hw['cores']}-thread CPU"
-        for row in result.get("rows", []):
-            if row.get("ratio"):
-                ratios.append((row["what"], row["ratio"]))
-            rows.append(
-                f"| {row['what']} | {row['seed']} | {row['ours']} | {where}, torch {hw['torch'].split('+')[0]} "
-                f"| `{path.relative_to(README.parent)}` |"
-            )
-    table = "\n".join(
-        [
-            START,
-            "| comparison | seed claim | measured here (median of interleaved repeats) | hardware | result |",
-            "|---|---|---|---|---|",
-            *rows,
-            "",
-            "![ratios](bench/results/ratios.png)",
-            END,
-        ]
-    )
-    text = README.read_text()
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    README.write_text(head + table + tail)
-    if ratios:
-        plot(ratios, RESULTS / "ratios.png")
+def labelled(labels: list[tuple[str, str]], figures: list[dict]) -> list[dict]:
+    """Result rows: each (what is compared, the seed's claim) with its figures (ours, ratio)."""
+    return [{"what": what, "seed": seed, **f} for (what, seed), f in zip(labels, figures, strict=True)]

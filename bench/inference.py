@@ -13,7 +13,7 @@ import warnings
 import torch
 from torch import nn
 
-from bench.common import write
+from bench.common import labelled, write
 from turbotrain.deploy.quantize import quantize_linear_dynamic, quantize_static, word_embedding_names
 from turbotrain.deploy.script import TextLogits, frozen, interleaved_latency_ms, reload
 
@@ -72,11 +72,9 @@ def _minilm(tokens: int, repeats: int) -> dict:
     return _compare(model, int8, example_at, repeats)
 
 
-def _row(what: str, r: dict) -> dict:
+def _figures(r: dict) -> dict:
     b1, b32, mb = r["b1_ms"], r["b32_ms"], r["mb"]
     return {
-        "what": what,
-        "seed": "INT8: 4x smaller, 2.9x faster",
         "ours": f"INT8 {mb['fp32'] / mb['int8']:.1f}x smaller ({mb['int8']:.1f} vs {mb['fp32']:.1f} MB); "
         f"batch 1: INT8 {b1['fp32 eager'] / b1['int8 torchscript']:.1f}x, fp32 TorchScript "
         f"{b1['fp32 eager'] / b1['fp32 torchscript']:.2f}x faster than eager "
@@ -87,6 +85,18 @@ def _row(what: str, r: dict) -> dict:
     }
 
 
+LABELS = {  # results key -> row label
+    "resnet18@64": "inference resnet18 @64px: INT8 TorchScript vs fp32 eager / TorchScript",
+    "small_cnn@28": "inference small_cnn @28px (the default model)",
+    "minilm@64 tokens": "inference MiniLM-L6, 64 tokens: INT8 (dynamic Linear, weight-only Embedding) vs fp32",
+}
+
+
+def figures(result: dict) -> list[dict]:
+    """Each row's figures, from the raw timings and sizes alone."""
+    return [_figures(result["results"][key]) for key in LABELS]
+
+
 def run(repeats: int = 21) -> str:
     warnings.filterwarnings("ignore")  # torch 2.14 deprecates TorchScript and torch.ao on every call
     results = {
@@ -94,11 +104,8 @@ def run(repeats: int = 21) -> str:
         "small_cnn@28": _cnn("small_cnn", 28, repeats),
         "minilm@64 tokens": _minilm(64, repeats),
     }
-    rows = [
-        _row("inference resnet18 @64px: INT8 TorchScript vs fp32 eager / TorchScript", results["resnet18@64"]),
-        _row("inference small_cnn @28px (the default model)", results["small_cnn@28"]),
-        _row("inference MiniLM-L6, 64 tokens: INT8 (dynamic Linear, weight-only Embedding) vs fp32", results["minilm@64 tokens"]),
-    ]
+    seed = "INT8: 4x smaller, 2.9x faster"
+    rows = labelled([(what, seed) for what in LABELS.values()], figures({"results": results}))
     return write("inference", {"results": results, "rows": rows})
 
 

@@ -1,31 +1,41 @@
 """Channel pruning: FLOPs, accuracy and batch-32 CPU latency of a run against its pruned run.
 
-Produce the two runs first (about 15 minutes on 2 CPU cores):
-    python train.py experiment=resnet18_fashion hydra.run.dir=outputs/train/resnet18_fashion
-    python train.py experiment=resnet18_fashion compression=channel_prune \\
-        compression.from_run=outputs/train/resnet18_fashion trainer.max_epochs=1 \\
-        hydra.run.dir=outputs/train/resnet18_pruned
+Reads two runs of the recipes bench (`python -m bench.recipes resnet18_fashion resnet18_pruned`).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
 from bench.common import write
+from bench.recipes import ROOT, RUNS
 from turbotrain.checkpoint import load
 from turbotrain.compression.prune import macs
 from turbotrain.deploy.script import interleaved_latency_ms
 from turbotrain.models import from_checkpoint
 
-BASE, PRUNED = Path("outputs/train/resnet18_fashion"), Path("outputs/train/resnet18_pruned")
+BASE, PRUNED = RUNS / "resnet18_fashion", RUNS / "resnet18_pruned"
+
+
+def figures(result: dict) -> list[dict]:
+    flops, acc, ms = result["macs"], result["acc1"], result["latency_ms_b32"]
+    cut, kept, faster = 1 - flops["pruned"] / flops["base"], acc["pruned"] / acc["base"], 1 - ms["pruned"] / ms["base"]
+    return [
+        {
+            "ours": f"{cut:.0%} fewer MACs, {kept:.1%} of top-1 kept ({acc['pruned']:.4f} vs {acc['base']:.4f}), "
+            f"{faster:.0%} lower batch-32 latency ({ms['pruned']:.1f} vs {ms['base']:.1f} ms)",
+            "ratio": ms["base"] / ms["pruned"],
+        }
+    ]
 
 
 def run(base: Path = BASE, pruned: Path = PRUNED, repeats: int = 15) -> Path:
     for d in (base, pruned):
         if not (d / "checkpoints" / "best.pt").is_file():
-            raise SystemExit(f"bench prune: {d}/checkpoints/best.pt missing; see `python -m bench.prune --help`:\n{__doc__}")
+            raise SystemExit(f"bench prune: {d}/checkpoints/best.pt missing; {__doc__.splitlines()[2]}")
     ckpts = {name: load(d / "checkpoints" / "best.pt") for name, d in (("base", base), ("pruned", pruned))}
     models = {name: from_checkpoint(c, name) for name, c in ckpts.items()}
     arch = ckpts["base"]["arch"]
@@ -34,17 +44,21 @@ def run(base: Path = BASE, pruned: Path = PRUNED, repeats: int = 15) -> Path:
         ms = interleaved_latency_ms(models, x, repeats=repeats)
     flops = {name: macs(m, x[:1]) for name, m in models.items()}
     acc = {name: c["state"]["best_val_acc1"] for name, c in ckpts.items()}
-    cut, kept, faster = 1 - flops["pruned"] / flops["base"], acc["pruned"] / acc["base"], 1 - ms["pruned"] / ms["base"]
+    payload = {
+        "runs": [os.path.relpath(d, ROOT) for d in (base, pruned)],
+        "image_size": arch["image_size"],
+        "macs": flops,
+        "acc1": acc,
+        "latency_ms_b32": ms,
+    }
     rows = [
         {
             "what": f"channel_prune resnet18 @{arch['image_size']}px Fashion-MNIST, 1 fine-tune epoch",
             "seed": "40% FLOPs cut, 99% accuracy kept",
-            "ours": f"{cut:.0%} fewer MACs, {kept:.1%} of top-1 kept ({acc['pruned']:.4f} vs {acc['base']:.4f}), "
-            f"{faster:.0%} lower batch-32 latency ({ms['pruned']:.1f} vs {ms['base']:.1f} ms)",
-            "ratio": ms["base"] / ms["pruned"],
+            **figures(payload)[0],
         }
     ]
-    return write("prune", {"runs": [str(base), str(pruned)], "macs": flops, "acc1": acc, "latency_ms_b32": ms, "rows": rows})
+    return write("prune", {**payload, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -70,41 +70,57 @@ def _run(recipe: str, epochs: int, batches: int | None, seeds: tuple[int, ...]) 
             _, summary = train_py(*common, *overrides, f"trainer.seed={seed}")
             keys = ("samples_per_s", "best_val_acc1", "train_time_s", "data_wait_frac")
             results[name].append({"seed": seed, **{k: summary[k] for k in keys}})
-    return write(recipe, {"setup": common, "results": results, **summarize(recipe, epochs, batches, results)})
+    payload = {"setup": common, "results": results}
+    rows = [{**w, **f} for w, f in zip(labels(recipe, epochs, batches, results), figures(payload), strict=True)]
+    return write(recipe, {**payload, "rows": rows})
 
 
-def summarize(recipe: str, epochs: int, batches: int | None, results: dict[str, list[dict]]) -> dict:
+def _runs(result: dict) -> dict[str, list[dict]]:
+    """name -> the runs of each seed (files from before seeds were repeated hold one run)."""
+    return {name: rs if isinstance(rs, list) else [rs] for name, rs in result["results"].items()}
+
+
+def figures(result: dict) -> list[dict]:
     """Speed: median samples/s over the seeds' runs (one slow run on a shared host must not set
     the ratio). Accuracy: mean over seeds, and each seed's difference to fixed."""
-    label, seeds = RECIPES[recipe][0], [r["seed"] for r in results["fixed"]]
-    summary = {
+    runs = _runs(result)
+    mean = {
         name: {
             "samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
             "best_val_acc1": statistics.mean(r["best_val_acc1"] for r in rs),
         }
-        for name, rs in results.items()
+        for name, rs in runs.items()
     }
-    base = summary["fixed"]
-    per_seed = {  # accuracy difference to fixed, points, seed by seed
-        name: [100 * (r["best_val_acc1"] - f["best_val_acc1"]) for r, f in zip(rs, results["fixed"], strict=True)]
-        for name, rs in results.items()
-        if name != "fixed"
-    }
-    rows = [
+    base = mean["fixed"]
+    rows = []
+    for name, m in mean.items():
+        if name == "fixed":
+            continue
+        per_seed = [100 * (r["best_val_acc1"] - f["best_val_acc1"]) for r, f in zip(runs[name], runs["fixed"], strict=True)]
+        rows.append(
+            {
+                "ours": f"{m['samples_per_s'] / base['samples_per_s']:.2f}x median samples/s, mean top-1 "
+                f"{m['best_val_acc1']:.4f} vs {base['best_val_acc1']:.4f} "
+                f"({100 * (m['best_val_acc1'] - base['best_val_acc1']):+.2f} points; per seed "
+                + ", ".join(f"{d:+.2f}" for d in per_seed)
+                + ")",
+                "ratio": m["samples_per_s"] / base["samples_per_s"],
+            }
+        )
+    return rows
+
+
+def labels(recipe: str, epochs: int, batches: int | None, results: dict[str, list[dict]]) -> list[dict]:
+    label, seeds = RECIPES[recipe][0], [r["seed"] for r in results["fixed"]]
+    return [
         {
             "what": f"resnet18 @{SIZE}px Fashion-MNIST ({label}), {epochs} epochs"
             f"{f' of {batches} batches' if batches else ''}, seeds {seeds}: {name} vs fixed resolution",
             "seed": "+40% speed, +0.3-0.5% accuracy",
-            "ours": f"{m['samples_per_s'] / base['samples_per_s']:.2f}x median samples/s, mean top-1 {m['best_val_acc1']:.4f} vs "
-            f"{base['best_val_acc1']:.4f} ({100 * (m['best_val_acc1'] - base['best_val_acc1']):+.2f} points; per seed "
-            + ", ".join(f"{d:+.2f}" for d in per_seed[name])
-            + ")",
-            "ratio": m["samples_per_s"] / base["samples_per_s"],
         }
-        for name, m in summary.items()
+        for name in results
         if name != "fixed"
     ]
-    return {"summary": summary, "rows": rows}
 
 
 if __name__ == "__main__":

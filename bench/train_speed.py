@@ -6,12 +6,13 @@ not the input pipeline. Each call runs `steps` optimizer steps and returns sampl
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from bench.common import interleave, write
+from bench.common import ROOT, interleave, labelled, write
 from turbotrain.data import build_data
 from turbotrain.data.loader import EpochSampler, build_loader
 from turbotrain.loop import TrainState, train_one_epoch
@@ -19,6 +20,17 @@ from turbotrain.models import build_for, build_tokenizer_for
 from turbotrain.optim import build_optimizer
 from turbotrain.precision import build_precision
 from turbotrain.tracking import Tracker
+
+
+def make_cfg(*overrides: str):
+    """The training config `train.py <overrides>` would run, composed in this process."""
+    from hydra import compose, initialize_config_dir
+
+    from turbotrain.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=["trainer.progress_bar=false", *overrides])
 
 
 def trainer(cfg, steps: int):
@@ -73,7 +85,25 @@ def trainer(cfg, steps: int):
     return run
 
 
-def precision_channels_last(make_cfg, repeats: int = 5, steps: int = 8, size: int = 64, batch: int = 64) -> Path:
+def _medians(result: dict) -> dict[str, float]:
+    return {name: statistics.median(r["values"]) for name, r in result["results"].items()}
+
+
+def precision_figures(result: dict) -> list[dict]:
+    r = _medians(result)
+    base, cl, compiled = r["fp32 NCHW"], r["amp channels_last"], r["amp channels_last compiled"]
+    return [
+        {"ours": f"{r['amp NCHW'] / base:.2f}x ({r['amp NCHW']:.0f} vs {base:.0f} samples/s)", "ratio": r["amp NCHW"] / base},
+        {"ours": f"{cl / base:.2f}x ({cl:.0f} samples/s)", "ratio": cl / base},
+        {"ours": f"{r['fp32 channels_last'] / base:.2f}x", "ratio": r["fp32 channels_last"] / base},
+        {
+            "ours": f"{compiled / cl:.2f}x ({compiled:.0f} vs {cl:.0f} samples/s; compile time not included, autotune weighs it)",
+            "ratio": compiled / cl,
+        },
+    ]
+
+
+def precision_channels_last(repeats: int = 5, steps: int = 8, size: int = 64, batch: int = 64) -> Path:
     """resnet18 on synthetic images: precision x memory layout, and torch.compile."""
     base = (
         "data=synthetic",
@@ -91,40 +121,17 @@ def precision_channels_last(make_cfg, repeats: int = 5, steps: int = 8, size: in
     }
     fns = {name: trainer(make_cfg(*base, *o), steps) for name, o in settings.items()}
     res = interleave(fns, repeats)
-    base_rate = res["fp32 NCHW"]["median"]
-    ratio = {name: r["median"] / base_rate for name, r in res.items()}
-    rows = [
-        {
-            "what": f"resnet18 @{size}px training: precision=amp vs fp32",
-            "seed": "BERT-base 120 -> 290 samples/s (2.4x, GPU)",
-            "ours": f"{ratio['amp NCHW']:.2f}x ({res['amp NCHW']['median']:.0f} vs {base_rate:.0f} samples/s)",
-            "ratio": ratio["amp NCHW"],
-        },
-        {
-            "what": f"resnet18 @{size}px: amp + channels_last vs fp32 NCHW",
-            "seed": "~1.47x measured by hand",
-            "ours": f"{ratio['amp channels_last']:.2f}x ({res['amp channels_last']['median']:.0f} samples/s)",
-            "ratio": ratio["amp channels_last"],
-        },
-        {
-            "what": f"resnet18 @{size}px: fp32 channels_last vs fp32 NCHW",
-            "seed": "-",
-            "ours": f"{ratio['fp32 channels_last']:.2f}x",
-            "ratio": ratio["fp32 channels_last"],
-        },
-        {
-            "what": f"resnet18 @{size}px amp + channels_last: trainer.compile=true vs eager (steady state)",
-            "seed": "-",
-            "ours": f"{res['amp channels_last compiled']['median'] / res['amp channels_last']['median']:.2f}x "
-            f"({res['amp channels_last compiled']['median']:.0f} vs {res['amp channels_last']['median']:.0f} samples/s; "
-            "compile time not included, autotune weighs it)",
-            "ratio": res["amp channels_last compiled"]["median"] / res["amp channels_last"]["median"],
-        },
+    labels = [
+        (f"resnet18 @{size}px training: precision=amp vs fp32", "BERT-base 120 -> 290 samples/s (2.4x, GPU)"),
+        (f"resnet18 @{size}px: amp + channels_last vs fp32 NCHW", "~1.47x measured by hand"),
+        (f"resnet18 @{size}px: fp32 channels_last vs fp32 NCHW", "-"),
+        (f"resnet18 @{size}px amp + channels_last: trainer.compile=true vs eager (steady state)", "-"),
     ]
-    return write("precision", {"setup": base, "steps_per_repeat": steps, "results": res, "ratio": ratio, "rows": rows})
+    rows = labelled(labels, precision_figures({"results": res}))
+    return write("precision", {"setup": base, "steps_per_repeat": steps, "results": res, "rows": rows})
 
 
-def padded_tokens(make_cfg, batch: int) -> dict:
+def padded_tokens(batch: int) -> dict:
     """Mean tokens per batch after dynamic padding over one epoch of WordNet, random vs bucketed."""
     from turbotrain.models import build_tokenizer_for
 
@@ -139,7 +146,25 @@ def padded_tokens(make_cfg, batch: int) -> dict:
     return out
 
 
-def text_precision(make_cfg, repeats: int = 5, steps: int = 16, batch: int = 32) -> Path:
+def text_figures(result: dict) -> list[dict]:
+    r, tokens, steps = _medians(result), result["tokens"], result["steps_per_repeat"]
+    bucketed, amp = r["amp sdpa bucketed"], r["amp sdpa"]
+    return [
+        {"ours": f"{amp / r['fp32 sdpa']:.2f}x ({amp:.0f} vs {r['fp32 sdpa']:.0f} samples/s)", "ratio": amp / r["fp32 sdpa"]},
+        {
+            "ours": f"amp {r['amp eager'] / amp:.2f}x, fp32 {r['fp32 eager'] / r['fp32 sdpa']:.2f}x "
+            f"({r['amp eager']:.0f} vs {amp:.0f} samples/s under amp)",
+            "ratio": r["amp eager"] / amp,
+        },
+        {
+            "ours": f"{bucketed / amp:.2f}x ({bucketed:.0f} vs {amp:.0f} samples/s over {steps} batches); over a whole epoch, "
+            f"tokens per batch {tokens['bucketed']:.0f} vs {tokens['random']:.0f} (real tokens {tokens['real']:.0f})",
+            "ratio": bucketed / amp,
+        },
+    ]
+
+
+def text_precision(repeats: int = 5, steps: int = 16, batch: int = 32) -> Path:
     """MiniLM-L6 fine-tuning steps on WordNet definitions (batch 32, dynamic padding to <= 64
     tokens): amp (bf16 autocast) vs fp32, SDPA vs eager attention kernels, and length bucketing.
     Steps of one setting always see the same batches; bucketed batches are the bucketed order's."""
@@ -153,29 +178,18 @@ def text_precision(make_cfg, repeats: int = 5, steps: int = 16, batch: int = 32)
     }
     fns = {name: trainer(make_cfg(*base, *o), steps) for name, o in settings.items()}
     res = interleave(fns, repeats)
-    r = {name: v["median"] for name, v in res.items()}
-    tokens = padded_tokens(make_cfg, batch)
-    rows = [
-        {
-            "what": f"MiniLM-L6 fine-tuning, WordNet, batch {batch}: precision=amp vs fp32 (sdpa)",
-            "seed": "BERT-base 120 -> 290 samples/s (2.4x), 10.2 -> 5.7 GB (GPU)",
-            "ours": f"{r['amp sdpa'] / r['fp32 sdpa']:.2f}x ({r['amp sdpa']:.0f} vs {r['fp32 sdpa']:.0f} samples/s)",
-            "ratio": r["amp sdpa"] / r["fp32 sdpa"],
-        },
-        {
-            "what": "MiniLM-L6 fine-tuning: attention.implementation=eager vs sdpa",
-            "seed": "eager faster for bf16 backward on this CPU (earlier measurement)",
-            "ours": f"amp {r['amp eager'] / r['amp sdpa']:.2f}x, fp32 {r['fp32 eager'] / r['fp32 sdpa']:.2f}x "
-            f"({r['amp eager']:.0f} vs {r['amp sdpa']:.0f} samples/s under amp)",
-            "ratio": r["amp eager"] / r["amp sdpa"],
-        },
-        {
-            "what": "MiniLM-L6 fine-tuning, amp: data.bucket_by_length=true vs random batches (dynamic padding both)",
-            "seed": "-",
-            "ours": f"{r['amp sdpa bucketed'] / r['amp sdpa']:.2f}x ({r['amp sdpa bucketed']:.0f} vs {r['amp sdpa']:.0f} "
-            f"samples/s over {steps} batches); over a whole epoch, tokens per batch {tokens['bucketed']:.0f} vs "
-            f"{tokens['random']:.0f} (real tokens {tokens['real']:.0f})",
-            "ratio": r["amp sdpa bucketed"] / r["amp sdpa"],
-        },
+    tokens = padded_tokens(batch)
+    labels = [
+        (
+            f"MiniLM-L6 fine-tuning, WordNet, batch {batch}: precision=amp vs fp32 (sdpa)",
+            "BERT-base 120 -> 290 samples/s (2.4x), 10.2 -> 5.7 GB (GPU)",
+        ),
+        (
+            "MiniLM-L6 fine-tuning: attention.implementation=eager vs sdpa",
+            "eager faster for bf16 backward on this CPU (earlier measurement)",
+        ),
+        ("MiniLM-L6 fine-tuning, amp: data.bucket_by_length=true vs random batches (dynamic padding both)", "-"),
     ]
-    return write("text_precision", {"setup": base, "steps_per_repeat": steps, "results": res, "tokens": tokens, "rows": rows})
+    payload = {"setup": base, "steps_per_repeat": steps, "results": res, "tokens": tokens}
+    rows = labelled(labels, text_figures(payload))
+    return write("text_precision", {**payload, "rows": rows})

@@ -278,6 +278,7 @@ class Run:
             "rank_peak_mem_mb": [row[0] for row in self.balance],
             "rank_epoch_time_s": [row[1] for row in self.balance],
             "precision": p.precision.name,
+            "autocast_dtype": None if p.precision.dtype is None else str(p.precision.dtype).removeprefix("torch."),
             "compression": p.compression,
             "autotune": p.autotune,
             "num_workers": cfg.loader.num_workers,  # effective settings (after loader/trainer autotune)

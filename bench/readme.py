@@ -1,0 +1,180 @@
+"""The README's figures, generated from bench/results/*.json; nothing in those sections is typed.
+
+`python -m bench readme` rewrites the generated sections (and bench/results/ratios.png);
+`python -m bench readme --check` exits 1, naming each section that differs, when README.md is not
+what the committed result files give. Each section sits between `<!-- bench:NAME:start -->` and
+`<!-- bench:NAME:end -->`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from turbotrain.atomic import atomic_write_text
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS, README = ROOT / "bench" / "results", ROOT / "README.md"
+
+
+def machine(hw: dict) -> str:
+    """The hardware a result file names, as a table cell: CPU (threads), GPU, torch version."""
+    where = f"{hw['gpu']}, " if hw.get("gpu") else ""
+    return f"{where}{hw['cpu']} ({hw['cores']} threads), torch {hw['torch'].split('+')[0]}"
+
+
+def _wall(seconds: float) -> str:
+    minutes, s = divmod(round(seconds), 60)
+    return f"{minutes} min {s:02d} s" if minutes else f"{s} s"
+
+
+def _train_cell(t: dict) -> str:
+    dtype = t["autocast_dtype"] or "fp32"
+    text = (
+        f"**{t['best_val_acc1']:.2%} top-1** (best epoch, validation split) after {t['epochs']} epoch(s), "
+        f"**{_wall(t['wall_s'])}** wall for the whole command ({t['samples_per_s']:.0f} samples/s in training, "
+        f"`precision={t['precision']}` ran {dtype}), {t['params'] / 1e6:.2f}M params"
+    )
+    c = t.get("compression")
+    if c and c.get("macs_before"):
+        text += (
+            f"; pruned {c['macs_before'] / 1e6:.0f}M -> {c['macs_after'] / 1e6:.0f}M MACs "
+            f"({1 - c['macs_after'] / c['macs_before']:.0%} fewer)"
+        )
+    return text
+
+
+def _export_cell(e: dict) -> str:
+    return (
+        f"{e['size_mb']:.2f} MB vs {e['fp32_size_mb']:.2f} MB fp32 (**{e['size_mb'] / e['fp32_size_mb']:.2f}x**); "
+        f"batch 1: {e['latency_ms']:.2f} ms vs {e['fp32_latency_ms']:.2f} ms fp32 eager "
+        f"(**{e['fp32_latency_ms'] / e['latency_ms']:.1f}x**); batch 32: {e['latency_ms_b32']:.1f} vs "
+        f"{e['fp32_latency_ms_b32']:.1f} ms ({e['fp32_latency_ms_b32'] / e['latency_ms_b32']:.1f}x); "
+        f"top-1 {e['val_acc1']:.2%} vs {e['fp32_val_acc1']:.2%} float "
+        f"({100 * (e['val_acc1'] - e['fp32_val_acc1']):+.2f} points); {e['dtype']}"
+    )
+
+
+def recipes(results: Path) -> str:
+    """The main table: each headline run and its INT8 export (bench/results/recipes.json)."""
+    path = results / "recipes.json"
+    entries = json.loads(path.read_text())["recipes"]
+    machines = sorted({machine(r["hardware"]) for r in entries.values()})
+    lines = [
+        f"Measured on {'; '.join(machines)} by `python -m bench recipes` ([`bench/results/{path.name}`]"
+        f"(bench/results/{path.name})):",
+        "",
+        "| command | result |",
+        "|---|---|",
+    ]
+    for r in entries.values():
+        note = "" if len(machines) == 1 else f" ({machine(r['hardware'])})"
+        lines.append(f"| {r['what']}{note} | {_train_cell({**r['train']})} |")
+        lines.append(f"| then `python export.py deploy=int8` | {_export_cell(r['export'])} |")
+    return "\n".join(lines)
+
+
+# result file's "bench" -> the function that computes its rows' figures from its raw measurements
+FIGURES = {
+    "inference": ("inference", "figures"),
+    "prune": ("prune", "figures"),
+    "overhead": ("overhead", "figures"),
+    "loader": ("loader", "figures"),
+    "autotune": ("autotune", "figures"),
+    "attention": ("attention", "figures"),
+    "precision": ("train_speed", "precision_figures"),
+    "text_precision": ("train_speed", "text_figures"),
+    "resolution": ("resolution", "figures"),  # and its variants, resolution_*
+}
+
+
+def rows(result: dict) -> list[dict]:
+    """The file's rows with their figures recomputed from its raw measurements: an edited number
+    shows up in the README, not only an edited sentence."""
+    import importlib
+
+    name = result["bench"] if result["bench"] in FIGURES else result["bench"].split("_")[0]
+    module, function = FIGURES[name]
+    computed = getattr(importlib.import_module(f"bench.{module}"), function)(result)
+    return [{**row, **figures} for row, figures in zip(result["rows"], computed, strict=True)]
+
+
+def comparisons(results: Path) -> str:
+    """The benchmark table: every row of every result file, hardware from that file."""
+    lines = [
+        "| comparison | seed claim | measured (median of interleaved repeats) | hardware | result |",
+        "|---|---|---|---|---|",
+    ]
+    for path in sorted(results.glob("*.json")):
+        result = json.loads(path.read_text())
+        for row in rows(result) if "rows" in result else []:
+            lines.append(
+                f"| {row['what']} | {row['seed']} | {row['ours']} | {machine(result['hardware'])} | `bench/results/{path.name}` |"
+            )
+    return "\n".join([*lines, "", "![ratios](bench/results/ratios.png)"])
+
+
+SECTIONS: dict[str, Callable[[Path], str]] = {"recipes": recipes, "comparisons": comparisons}
+
+
+def render(text: str, results: Path) -> str:
+    """`text` with every generated section replaced by what `results` gives."""
+    for name, make in SECTIONS.items():
+        start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+        head, found, rest = text.partition(start)
+        body, found_end, tail = rest.partition(end)
+        if not (found and found_end):
+            raise SystemExit(f"README.md: the markers {start} ... {end} are missing; put them where the section goes")
+        text = f"{head}{start}\n{make(results)}\n{end}{tail}"
+    return text
+
+
+def ratios(results: Path) -> list[tuple[str, float]]:
+    pairs = []
+    for path in sorted(results.glob("*.json")):
+        result = json.loads(path.read_text())
+        pairs += [(row["what"], row["ratio"]) for row in (rows(result) if "rows" in result else []) if row.get("ratio")]
+    return pairs
+
+
+def plot(pairs: list[tuple[str, float]], path: Path) -> None:
+    """One horizontal bar per comparison that has a ratio (x: speed-up, 1 = no change)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(12, 0.38 * len(pairs) + 1.2))
+    labels = [label if len(label) <= 95 else label[:92] + "..." for label, _ in pairs]
+    values = [v for _, v in pairs]
+    ax.barh(range(len(values)), values, color=["#2a7" if v >= 1 else "#c44" for v in values])
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(values)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ticks = [t for t in (0.25, 0.5, 1, 2, 4, 8, 16) if min(values) / 1.5 <= t <= max(values) * 1.5]
+    ax.set_xticks(ticks, [f"{t:g}x" for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("ratio (higher is better; 1 = baseline), medians of interleaved repeats")
+    for i, v in enumerate(values):
+        ax.text(v, i, f" {v:.2f}x", va="center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def check(readme: Path = README, results: Path = RESULTS) -> list[str]:
+    """The diff lines between README.md and what `results` gives; empty when they agree."""
+    text = readme.read_text()
+    return list(
+        difflib.unified_diff(text.splitlines(), render(text, results).splitlines(), "README.md", "generated", lineterm="")
+    )
+
+
+def update(readme: Path = README, results: Path = RESULTS) -> None:
+    atomic_write_text(readme, render(readme.read_text(), results))
+    pairs = ratios(results)
+    if pairs:
+        plot(pairs, results / "ratios.png")

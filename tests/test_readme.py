@@ -1,0 +1,113 @@
+"""The documentation stands alone and its figures come from bench/results/*.json, nowhere else."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import readme
+from conftest import ROOT
+
+GENERATED = re.compile(r"<!-- bench:(\w+):start -->.*?<!-- bench:\1:end -->", re.S)
+# a measured figure: a number with a unit of time, size, speed or share
+FIGURE = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)?\s?(?:%|x(?!\w)|ms\b|MB\b|GB\b|samples/s|s/step|min\b|points\b)")
+# numbers in prose that are rules or constants, not measurements
+RULES = ("spread over 10 %",)
+
+
+def test_readme_figures_match_the_committed_results():
+    assert readme.check() == []
+    r = subprocess.run([sys.executable, "-m", "bench", "readme", "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("name", "edit"),
+    [
+        ("recipes.json", lambda d: d["recipes"]["default"]["export"].update(latency_ms=123.456)),  # a raw figure
+        ("inference.json", lambda d: d["results"]["resnet18@64"]["b1_ms"].update({"int8 torchscript": 0.5})),
+        ("attention.json", lambda d: d["results"]["2048"]["sliding w=256"][0].update(step_s=1.0)),
+        ("prune.json", lambda d: d["hardware"].update(cpu="Intel Xeon")),  # the hardware named per table
+    ],
+)
+def test_an_edited_result_file_fails_the_check(tmp_path, name, edit):
+    results = tmp_path / "results"
+    shutil.copytree(readme.RESULTS, results)
+    data = json.loads((results / name).read_text())
+    edit(data)
+    (results / name).write_text(json.dumps(data))
+    diff = readme.check(readme.README, results)
+    assert diff and any(line.startswith("+") and not line.startswith("+++") for line in diff)
+
+
+def test_readme_prose_quotes_no_figure_of_its_own():
+    """Outside the generated sections, the README may interpret figures but not restate them."""
+    prose = GENERATED.sub("", (ROOT / "README.md").read_text())
+    for rule in RULES:
+        prose = prose.replace(rule, "")
+    found = [(n, m) for n, line in enumerate(prose.splitlines(), 1) for m in FIGURE.findall(line)]
+    assert found == [], f"typed figures (generate them from bench/results instead): {found[:10]}"
+
+
+def _tracked() -> list[Path]:
+    r = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    names = r.stdout.splitlines() if r.returncode == 0 else []
+    return [ROOT / n for n in names if (ROOT / n).is_file()] or [p for p in ROOT.rglob("*") if p.is_file()]
+
+
+def test_no_file_links_outside_the_repository():
+    link = re.compile(r"\]\(([^)\s#]+)")
+    for path in _tracked():
+        if path.suffix in (".png", ".pt", ".jpg") or path.name == "test_readme.py":
+            continue
+        text = path.read_text(errors="replace")
+        assert "../shared" not in text and "DESIGN.md" not in text, path
+        if path.suffix != ".md":
+            continue
+        for target in link.findall(text):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            resolved = (path.parent / target).resolve()
+            assert resolved.is_relative_to(ROOT) and resolved.exists(), (path.relative_to(ROOT), target)
+
+
+def _imports(path: Path) -> tuple[set[str], set[str]]:
+    """Third-party top-level module names imported at module level, and inside functions."""
+    import ast
+
+    module, lazy = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for root in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - {"turbotrain"}:
+            (module if node.col_offset == 0 else lazy).add(root)
+    return module, lazy
+
+
+def test_package_declares_every_dependency_it_imports():
+    """`pip install .` alone gives a working package: what turbotrain imports at load time is a
+    dependency, what it imports for an option is a dependency or an extra."""
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    name = re.compile(r"[A-Za-z0-9_.-]+")
+    core = {name.match(d).group().lower() for d in project["dependencies"]}
+    extras = {name.match(d).group().lower() for ds in project["optional-dependencies"].values() for d in ds}
+    dists = packages_distributions()
+    for path in (ROOT / "src" / "turbotrain").rglob("*.py"):
+        module, lazy = _imports(path)
+        for root in module | lazy:
+            declared = {d.lower() for d in dists.get(root, [root])}
+            allowed = core if root in module else core | extras
+            assert declared & allowed, f"{path.relative_to(ROOT)} imports {root} ({declared}): not in pyproject.toml"
