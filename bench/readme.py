@@ -1,8 +1,8 @@
 """The README's figures, generated from bench/results/*.json; nothing in those sections is typed.
 
 `python -m bench readme` rewrites the generated sections (and bench/results/ratios.png);
-`python -m bench readme --check` exits 1, naming each section that differs, when README.md is not
-what the committed result files give. Each section sits between `<!-- bench:NAME:start -->` and
+`python -m bench readme --check` exits 1 and prints the difference when README.md is not what the
+committed result files give. Each section sits between `<!-- bench:NAME:start -->` and
 `<!-- bench:NAME:end -->`.
 """
 
@@ -71,7 +71,7 @@ def recipes(results: Path) -> str:
     ]
     for r in entries.values():
         note = "" if len(machines) == 1 else f" ({machine(r['hardware'])})"
-        lines.append(f"| {r['what']}{note} | {_train_cell({**r['train']})} |")
+        lines.append(f"| {r['what']}{note} | {_train_cell(r['train'])} |")
         lines.append(f"| then `python export.py deploy=int8` | {_export_cell(r['export'])} |")
     return "\n".join(lines)
 
