@@ -89,6 +89,14 @@ def test_checkpoint_fields_are_data_and_bounded(run, tmp_path, case):
     assert needle in str(refused.value)
 
 
+def test_checkpoint_without_arch_is_one_clear_error(run, tmp_path):
+    from turbotrain.models import from_checkpoint
+
+    path = _tampered(run, tmp_path, lambda c: c.pop("arch"))
+    with pytest.raises(CheckpointError, match="has no arch entry"):
+        from_checkpoint(load(path), path)
+
+
 def test_export_report_carries_no_absolute_paths(run):
     out = export(_export_cfg(run))
     report = json.loads((out / "report.json").read_text())

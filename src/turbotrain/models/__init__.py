@@ -8,7 +8,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from torch import nn
 
-from turbotrain.checkpoint import load_model_state
+from turbotrain.checkpoint import CheckpointError, load_model_state
 from turbotrain.compression.prune import rebuild
 from turbotrain.models.vision import build_model
 
@@ -75,6 +75,8 @@ def load_weights(model: nn.Module, ckpt: dict, path: str | Path) -> None:
 
 def from_checkpoint(ckpt: dict, path: str | Path) -> nn.Module:
     """The trained architecture, rebuilt from the checkpoint alone, in eval mode."""
+    if "arch" not in ckpt:
+        raise CheckpointError(f"checkpoint {path} has no arch entry: it was not written by a turbotrain run")
     arch = ckpt["arch"]
     model_cfg = OmegaConf.create(arch["model"])
     if arch["kind"] == "text":
