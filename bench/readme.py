@@ -101,18 +101,22 @@ def rows(result: dict) -> list[dict]:
     return [{**row, **figures} for row, figures in zip(result["rows"], computed, strict=True)]
 
 
+def _result_rows(results: Path):
+    """(file name, hardware, row) for every row of every result file, figures recomputed."""
+    for path in sorted(results.glob("*.json")):
+        result = json.loads(path.read_text())
+        for row in rows(result) if "rows" in result else []:
+            yield path.name, result["hardware"], row
+
+
 def comparisons(results: Path) -> str:
     """The benchmark table: every row of every result file, hardware from that file."""
     lines = [
         "| comparison | seed claim | measured (median of interleaved repeats) | hardware | result |",
         "|---|---|---|---|---|",
     ]
-    for path in sorted(results.glob("*.json")):
-        result = json.loads(path.read_text())
-        for row in rows(result) if "rows" in result else []:
-            lines.append(
-                f"| {row['what']} | {row['seed']} | {row['ours']} | {machine(result['hardware'])} | `bench/results/{path.name}` |"
-            )
+    for name, hardware, row in _result_rows(results):
+        lines.append(f"| {row['what']} | {row['seed']} | {row['ours']} | {machine(hardware)} | `bench/results/{name}` |")
     return "\n".join([*lines, "", "![ratios](bench/results/ratios.png)"])
 
 
@@ -132,11 +136,7 @@ def render(text: str, results: Path) -> str:
 
 
 def ratios(results: Path) -> list[tuple[str, float]]:
-    pairs = []
-    for path in sorted(results.glob("*.json")):
-        result = json.loads(path.read_text())
-        pairs += [(row["what"], row["ratio"]) for row in (rows(result) if "rows" in result else []) if row.get("ratio")]
-    return pairs
+    return [(row["what"], row["ratio"]) for _, _, row in _result_rows(results) if row.get("ratio")]
 
 
 def plot(pairs: list[tuple[str, float]], path: Path) -> None:
