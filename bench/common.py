@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from turbotrain.atomic import atomic_write_text
+
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +70,7 @@ def write(name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {"bench": name, "hardware": hardware(), "date": time.strftime("%Y-%m-%d"), **payload}
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(payload, indent=2) + "\n")  # an hour of measurements must not be half-written
     return path
 
 
