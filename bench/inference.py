@@ -15,7 +15,8 @@ from torch import nn
 
 from bench.common import labelled, write
 from turbotrain.deploy.quantize import quantize_linear_dynamic, quantize_static, word_embedding_names
-from turbotrain.deploy.script import TextLogits, frozen, interleaved_latency_ms, reload
+from turbotrain.deploy.script import TextLogits, frozen, reload
+from turbotrain.timing import interleaved_latency_ms
 
 
 def _scripted(model: nn.Module, example: tuple) -> torch.jit.ScriptModule:

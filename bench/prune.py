@@ -13,9 +13,9 @@ import torch
 from bench.common import write
 from bench.recipes import ROOT, RUNS
 from turbotrain.checkpoint import load
-from turbotrain.compression.prune import macs
-from turbotrain.deploy.script import interleaved_latency_ms
 from turbotrain.models import from_checkpoint
+from turbotrain.modules import count_macs
+from turbotrain.timing import interleaved_latency_ms
 
 BASE, PRUNED = RUNS / "resnet18_fashion", RUNS / "resnet18_pruned"
 
@@ -42,7 +42,7 @@ def run(base: Path = BASE, pruned: Path = PRUNED, repeats: int = 15) -> Path:
     x = torch.randn(32, arch["in_channels"], arch["image_size"], arch["image_size"])
     with torch.no_grad():
         ms = interleaved_latency_ms(models, x, repeats=repeats)
-    flops = {name: macs(m, x[:1]) for name, m in models.items()}
+    flops = {name: count_macs(m, x[:1]) for name, m in models.items()}
     acc = {name: c["state"]["best_val_acc1"] for name, c in ckpts.items()}
     payload = {
         "runs": [os.path.relpath(d, ROOT) for d in (base, pruned)],

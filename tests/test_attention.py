@@ -174,7 +174,7 @@ def test_low_rank_cuts_embedding_params():
 
 @pytest.mark.parametrize("targets", ["linear", "both"])
 def test_low_rank_linear_is_the_truncated_svd_and_round_trips(targets):
-    from turbotrain.compression.lowrank import LowRankLinear, restructure
+    from turbotrain.compression.lowrank import LowRankLinear, restore
 
     model = _bert().eval()
     original = {n: m.weight.detach().clone() for n, m in model.named_modules() if isinstance(m, nn.Linear)}
@@ -191,7 +191,7 @@ def test_low_rank_linear_is_the_truncated_svd_and_round_trips(targets):
         u, s, vh = torch.linalg.svd(weight, full_matrices=False)
         torch.testing.assert_close(module[1].weight @ module[0].weight, (u[:, :8] * s[:8]) @ vh[:8], rtol=1e-4, atol=1e-5)
     fresh = _bert(seed=1)
-    restructure(fresh, report["ranks"])  # what resume and export do from a checkpoint's arch
+    restore(fresh, report["ranks"])  # what resume and export do from a checkpoint's arch
     fresh.load_state_dict(model.state_dict())
     inputs, _ = _batch()
     torch.testing.assert_close(fresh.eval()(**inputs).logits, model(**inputs).logits, rtol=0, atol=0)

@@ -11,6 +11,7 @@ from turbotrain.checkpoint import load
 from turbotrain.compression import prune
 from turbotrain.config import ConfigError
 from turbotrain.models import build_model, from_checkpoint
+from turbotrain.modules import count_macs
 from turbotrain.pipeline import train
 
 
@@ -33,7 +34,7 @@ def test_channel_prune_cuts_flops_and_keeps_a_working_model(name):
     x = torch.randn(2, 3, 64, 64)
     report = prune.channel_prune(model, x[:1], _prune_cfg())
     assert report["macs_reduction"] >= 0.4 and report["params_after"] < report["params_before"]
-    assert prune.macs(model, x[:1]) == report["macs_after"]
+    assert count_macs(model, x[:1]) == report["macs_after"]
     model.train()
     out = model(x)
     assert out.shape == (2, 10)
@@ -41,7 +42,7 @@ def test_channel_prune_cuts_flops_and_keeps_a_working_model(name):
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
     # The pruned architecture is rebuilt from conv groups + the state dict alone.
     fresh = build_model(make_cfg(f"model={name}").model, 10, 3)
-    prune.rebuild(fresh, prune.structure(model), model.state_dict())
+    prune.restore(fresh, prune.record(model), model.state_dict())
     fresh.load_state_dict(model.state_dict())
     model.eval(), fresh.eval()
     torch.testing.assert_close(fresh(x), model(x))

@@ -60,7 +60,7 @@ def test_sigterm_during_start_up_stops_before_training(tmp_path, monkeypatch):
 
 def test_sigterm_during_pruning_fine_tuning_stops_within_a_step(tmp_path, monkeypatch):
     steps = []
-    real = surgery.train_one_epoch
+    real = surgery.short_run
 
     def count_steps(*args, on_step=None, **kwargs):
         def on_step_counted(s):
@@ -71,7 +71,7 @@ def test_sigterm_during_pruning_fine_tuning_stops_within_a_step(tmp_path, monkey
 
         return real(*args, on_step=on_step_counted, **kwargs)
 
-    monkeypatch.setattr(surgery, "train_one_epoch", count_steps)
+    monkeypatch.setattr(surgery, "short_run", count_steps)
     cfg = make_cfg(
         *SHORT,
         "model=resnet18",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -73,6 +74,25 @@ def atomic_write_link(source: str | Path, path: str | Path) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def atomic_write_dir(path: str | Path, fill: Callable[[Path], None]) -> None:
+    """Call `fill(folder)` on a temp folder beside `path`, then swap it in for `path`: readers
+    see the old folder or the new one, never a mix; a failed fill leaves the old one as it was."""
+    path = Path(path)
+    tmp, old = temp_path(path), path.with_name(f".{path.name}.old{os.getpid()}")
+    for leftover in (tmp, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        fill(tmp)
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     _fsync_dir(path.parent)
 
 

@@ -11,14 +11,14 @@ the block to `window` after it, so scores take O(n * (block + 2 * window)) memor
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
 
-from turbotrain.config import ConfigError
+from turbotrain.registry import Registry
+from turbotrain.schema import NON_NEGATIVE, POSITIVE, UNIT_HALF_OPEN, ConfigError, setting
 
 log = logging.getLogger("turbotrain")
 NAME = "turbotrain_sliding_window"
@@ -109,8 +109,13 @@ def _hf_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention
     return attention_mask[:, kv_offset : kv_offset + kv_length].bool()
 
 
-AttentionInterface.register(NAME, _hf_kernel)
-AttentionMaskInterface.register(NAME, _hf_mask)
+def _register_kernel() -> None:
+    """Make NAME a transformers attention implementation (imported here: text runs only)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, _hf_kernel)
+    AttentionMaskInterface.register(NAME, _hf_mask)
 
 
 def extend_positions(model: nn.Module, max_length: int) -> int:
@@ -140,33 +145,65 @@ def extend_positions(model: nn.Module, max_length: int) -> int:
     return max_length - old
 
 
-def apply_attention(model: nn.Module, attention_cfg) -> dict:
-    """Choose the attention implementation, set attention dropout, swap in sliding-window attention,
-    enable gradient checkpointing. Returns what changed."""
+ATTENTION = Registry("attention")
+
+
+@dataclass
+class AttentionConfig:
+    name: str = "full"
+    checkpointing: bool = False  # gradient checkpointing of encoder layers
+    dropout: float | None = setting(None, bound=UNIT_HALF_OPEN)  # None: the model's (0 lets SDPA use its fused kernel)
+
+
+@dataclass
+class FullAttentionConfig(AttentionConfig):
+    implementation: str = setting("sdpa", choices=("sdpa", "eager"))  # the full attention kernel (an autotune knob)
+
+
+@dataclass
+class SlidingWindowConfig(AttentionConfig):
+    window: int = setting(256, bound=POSITIVE)  # tokens each side
+    block: int | None = setting(None, bound=POSITIVE)  # query block (None: window; fastest measured at 2048 tokens)
+    global_tokens: int = setting(1, bound=NON_NEGATIVE)  # leading tokens ([CLS]) that attend and are attended globally
+
+
+def apply_attention(model: nn.Module, attention_cfg, kind: str = "text") -> dict:
+    """Set attention dropout, the attention kernel and gradient checkpointing of a transformer
+    (`kind` text); image models take only attention=full without checkpointing. Returns what changed."""
+    ATTENTION.check_fits(attention_cfg, kind)
+    if kind != "text":
+        if attention_cfg.checkpointing:
+            raise ConfigError("attention.checkpointing=true applies to transformer models only")
+        return {}
     changed: dict = {"implementation": attention_cfg.name}
     if attention_cfg.dropout is not None:
-        model.config.attention_probs_dropout_prob = attention_cfg.dropout
-        n = 0
-        for name, m in model.named_modules():
-            if isinstance(m, nn.Dropout) and name.endswith("attention.self.dropout"):
-                m.p = attention_cfg.dropout
-                n += 1
-        changed["attention_dropout"] = attention_cfg.dropout
-        changed["dropout_modules"] = n
-    if attention_cfg.name == "sliding_window":
-        if attention_cfg.window <= 0:
-            raise ConfigError(f"attention.window={attention_cfg.window} must be > 0")
-        model.config.turbotrain_attention = {
-            "window": attention_cfg.window,
-            "block": attention_cfg.block or attention_cfg.window,
-            "global_tokens": attention_cfg.global_tokens,
-        }
-        model.set_attn_implementation(NAME)
-    elif attention_cfg.name == "full":
-        model.set_attn_implementation(attention_cfg.implementation)
+        changed.update(attention_dropout=attention_cfg.dropout, dropout_modules=_set_dropout(model, attention_cfg.dropout))
+    ATTENTION.of(attention_cfg).build(model, attention_cfg)
     if attention_cfg.checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ConfigError(f"attention.checkpointing=true: {type(model).__name__} does not support it")
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         changed["checkpointing"] = True
     return changed
+
+
+def _set_dropout(model: nn.Module, p: float) -> int:
+    model.config.attention_probs_dropout_prob = p
+    n = 0
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Dropout) and name.endswith("attention.self.dropout"):
+            m.p = p
+            n += 1
+    return n
+
+
+@ATTENTION.register("full", FullAttentionConfig, kernels=("sdpa", "eager"))
+def full(model: nn.Module, c) -> None:
+    model.set_attn_implementation(c.implementation)
+
+
+@ATTENTION.register("sliding_window", SlidingWindowConfig, kind="text")
+def sliding_window(model: nn.Module, c) -> None:
+    _register_kernel()
+    model.config.turbotrain_attention = {"window": c.window, "block": c.block or c.window, "global_tokens": c.global_tokens}
+    model.set_attn_implementation(NAME)

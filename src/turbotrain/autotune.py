@@ -26,15 +26,15 @@ from torch import nn
 
 from turbotrain import checkpoint as ckpt_io
 from turbotrain import preemption
-from turbotrain.config import ConfigError
+from turbotrain.attention import ATTENTION
 from turbotrain.data.loader import EpochSampler, build_loader
-from turbotrain.loop import TrainState, train_one_epoch
-from turbotrain.optim import build_optimizer
+from turbotrain.loop import short_run
 from turbotrain.precision import build_precision
-from turbotrain.tracking import Tracker
+from turbotrain.schema import ConfigError
 
 log = logging.getLogger("turbotrain")
 
+KNOBS = ("channels_last", "compile", "num_workers", "attention")  # trainer.autotune_knobs: settings that leave the numerics alone
 WARMUP = 2  # steps not counted in the median step time (first call, allocator, worker start-up)
 
 
@@ -67,24 +67,19 @@ def _time_setting(cfg, data, model: nn.Module, device: torch.device, setting: di
         train=True,
         collate_fn=data.collate,
     )
-    tc = OmegaConf.merge(
-        cfg.trainer,
-        {"channels_last": setting["channels_last"], "max_steps": None, "grad_accum_steps": 1, "log_every_n_steps": 10**9},
-    )
     ends = [time.perf_counter()]
     try:
-        train_one_epoch(
+        short_run(
             torch.compile(m) if setting["compile"] else m,
             loader,
-            build_optimizer(m, cfg.optim),
-            None,
-            build_precision(cfg.precision, device),
-            TrainState(),
-            trainer_cfg=tc,
+            cfg,
             device=device,
-            tracker=Tracker(".", enabled=False, logger_cfg=cfg.logger, config={}),
-            batches_in_epoch=min(len(loader), WARMUP + steps),
+            precision=build_precision(cfg.precision, device),
+            batches=min(len(loader), WARMUP + steps),
             on_step=lambda _: (ends.append(time.perf_counter()), preemption.stop_now("autotune trials")),
+            channels_last=setting["channels_last"],
+            grad_accum_steps=1,
+            log_every_n_steps=10**9,
         )
     except preemption.Preempted:
         raise
@@ -102,14 +97,15 @@ def _time_setting(cfg, data, model: nn.Module, device: torch.device, setting: di
 
 def candidates(cfg, kind: str, knobs: list[str]) -> tuple[list[dict], list[int]]:
     """Model settings for stage 1 (at the configured workers) and worker counts for stage 2.
-    `knobs`: trainer.autotune_knobs (validated against validation.AUTOTUNE_KNOBS)."""
+    `knobs`: trainer.autotune_knobs (a subset of KNOBS)."""
     tc = cfg.trainer
     layouts = [False, True] if "channels_last" in knobs and kind == "image" else [bool(tc.channels_last)]
     compiles = [False, True] if "compile" in knobs else [bool(tc.compile)]
     base = int(cfg.loader.num_workers)
     stage1 = [{"channels_last": c, "compile": k, "num_workers": base} for c, k in itertools.product(layouts, compiles)]
-    if kind == "text" and cfg.attention.name == "full":  # sliding_window is a different function: not a knob
-        kernels = ["sdpa", "eager"] if "attention" in knobs else [cfg.attention.implementation]
+    kernels = ATTENTION.of(cfg.attention).traits.get("kernels")  # sliding_window is a different function: not a knob
+    if kind == "text" and kernels:
+        kernels = list(kernels) if "attention" in knobs else [cfg.attention.implementation]
         stage1 = [{**s, "attention": a} for s in stage1 for a in kernels]
     workers = sorted({int(w) for w in cfg.loader.auto_candidates} - {base}) if "num_workers" in knobs else []
     return stage1, workers
@@ -182,6 +178,6 @@ def choice_from_checkpoint(ckpt: dict) -> dict:
         "compile": bool(saved.trainer.compile),
         "num_workers": int(saved.loader.num_workers),
     }
-    if ckpt["arch"]["kind"] == "text" and saved.attention.name == "full":
+    if ckpt["arch"]["kind"] == "text" and ATTENTION.of(saved.attention).traits.get("kernels"):
         chosen["attention"] = saved.attention.implementation
     return chosen

@@ -18,7 +18,7 @@ ARCH_BOUNDS = {
     "vocab_size": (1, 1_000_000),
 }
 MODEL_BOUNDS = {"width": (1, 4096)}
-STRUCTURE_BOUNDS = {"conv_groups": (1, 65_536), "lowrank": (1, 65_536)}
+STRUCTURE_BOUND = (1, 65_536)  # compressed structures record {module name: group count or rank}
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 
 
@@ -52,7 +52,9 @@ def _model_source(value: Any, key: str) -> None:
 
 
 def check_arch(arch: dict) -> None:
-    from turbotrain.models import TEXT_MODELS  # models imports checkpoint, which imports this
+    # models and compression import checkpoint, which imports this
+    from turbotrain.compression import structure_keys
+    from turbotrain.models import MODELS
 
     kind = arch.get("kind")
     if kind not in ("image", "text"):
@@ -66,15 +68,15 @@ def check_arch(arch: dict) -> None:
     model = arch.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("name"), str):
         raise UntrustedCheckpoint("arch.model.name is missing")
-    if (kind == "text") != (model["name"] in TEXT_MODELS):
+    if not any(o.kind == kind and o.answers(model["name"]) for o in MODELS):
         raise UntrustedCheckpoint(f"arch.model.name={model['name']!r} does not fit arch.kind={kind!r}")
     for key, bounds in MODEL_BOUNDS.items():
         if model.get(key) is not None:
             _int_in(model[key], bounds, f"arch.model.{key}")
     _model_source(model.get("path"), "arch.model.path")  # arch.tokenizer is a note: export finds the tokenizer itself
-    for key, bounds in STRUCTURE_BOUNDS.items():
+    for key in structure_keys():
         for name, value in (arch.get(key) or {}).items():
-            _int_in(value, bounds, f"arch.{key}[{name!r}]")
+            _int_in(value, STRUCTURE_BOUND, f"arch.{key}[{name!r}]")
 
 
 def check(ckpt: dict) -> None:

@@ -27,7 +27,9 @@ import torch.distributed as dist
 
 from turbotrain.atomic import atomic_write_text
 from turbotrain.preemption import Preempted, resume_hint
+from turbotrain.registry import Registry
 from turbotrain.resume import restarts
+from turbotrain.schema import NON_NEGATIVE, POSITIVE, ConfigError, setting
 
 log = logging.getLogger("turbotrain")
 RUN_DIR_NOTES = Path("outputs/.torchrun")
@@ -53,16 +55,51 @@ class DistInfo:
         return self.world_size > 1
 
 
+DISTRIBUTED = Registry("distributed")
+
+
+@dataclass
+class DistributedConfig:
+    name: str = "none"
+    nproc: int = setting(1, bound=POSITIVE)  # workers this process launches (ignored under torchrun)
+
+
+@dataclass
+class DDPConfig(DistributedConfig):
+    nproc: int = setting(2, bound=POSITIVE)
+    backend: str = setting("auto", choices=("auto", "nccl", "gloo"))  # auto: nccl on CUDA, gloo on CPU
+    timeout_s: int = setting(1800, bound=POSITIVE)  # a collective waiting longer than this fails the run
+    sync_bn: bool = False
+    max_restarts: int = setting(0, bound=NON_NEGATIVE)  # restarted workers resume from last.pt
+
+
 def in_worker_env() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device={name}: CUDA is not available here; use auto or cpu")
+    return device
+
+
+def launches(dist_cfg) -> bool:
+    """Whether this process starts workers (a multi-process option outside torchrun) instead of training."""
+    return DISTRIBUTED.of(dist_cfg).traits.get("multi_process", False) and not in_worker_env()
+
+
+@DISTRIBUTED.register("none", DistributedConfig)
+def single_process(dist_cfg, run_dir: Path, overrides: list[str]) -> None:
+    """distributed=none: this process is the only worker; there is nothing to launch."""
+
+
 def setup(dist_cfg, device_name: str) -> tuple[DistInfo, torch.device]:
     """Join the process group (when launched as a worker) and pick this rank's device."""
-    from turbotrain.build import pick_device  # device rules live with the build step
-
     device = pick_device(device_name)
-    if dist_cfg.name != "ddp" or not in_worker_env():
+    if not DISTRIBUTED.of(dist_cfg).traits.get("multi_process") or not in_worker_env():
         return DistInfo(), device
     info = DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]))
     if device.type == "cuda":
@@ -133,6 +170,7 @@ def balance_warning(rows: list[list[float]], names: tuple[str, ...], tolerance: 
     return "ranks are unbalanced: " + "; ".join(problems) if problems else None
 
 
+@DISTRIBUTED.register("ddp", DDPConfig, multi_process=True)
 def launch(dist_cfg, run_dir: Path, overrides: list[str]) -> None:
     """Start `dist_cfg.nproc` workers running this same train.py with the same overrides and this
     run's dir, through torch.distributed's elastic launcher; raise naming the failed rank. A failed

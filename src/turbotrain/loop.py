@@ -1,17 +1,21 @@
-"""train_one_epoch / evaluate as plain functions (export reuses evaluate)."""
+"""train_one_epoch / evaluate as plain functions (export reuses evaluate), and the optimizer step
+with its skip rules for non-finite losses and gradients."""
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 from torch.nn import functional as F
 
 from turbotrain import preemption
+from turbotrain.meter import Meter, timed_batches, topk_correct
+from turbotrain.modules import eval_mode
+from turbotrain.optim import build_optimizer
 from turbotrain.precision import Precision
 from turbotrain.tracking import Tracker, gpu_util, peak_mem_mb
 
@@ -56,13 +60,6 @@ def forward(model: nn.Module, inputs) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out
 
 
-def topk_correct(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    k = min(5, logits.shape[-1])
-    top = logits.topk(k, dim=-1).indices
-    hit = top.eq(target.unsqueeze(-1))
-    return hit[:, 0].sum(), hit.any(-1).sum()
-
-
 def freeze_bn(model: nn.Module) -> None:
     """BN in eval mode uses and keeps its running statistics: with gradient accumulation
     the statistics stop tracking tiny micro-batches once they are warmed up."""
@@ -84,23 +81,19 @@ def evaluate(
 ) -> dict:
     """Loss/top-1/top-5 over the loader. `reduce` (e.g. an all_reduce) sums the totals
     across processes before they become means."""
-    was_training = getattr(model, "training", False)  # frozen TorchScript modules have no flag
-    if was_training:
-        model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, correct1, correct5, n
-    for i, batch in enumerate(loader):
-        if (max_batches is not None and i >= max_batches) or preemption.requested() is not None:
-            break  # a stop request: the caller discards these partial figures
-        inputs, target = to_device(batch, device, channels_last)
-        with precision.autocast():
-            logits = forward(model, inputs)
-        c1, c5 = topk_correct(logits, target)
-        loss = F.cross_entropy(logits.float(), target, reduction="sum")
-        sums += torch.stack([loss.double(), c1.double(), c5.double(), sums.new_tensor(len(target))])
+    with eval_mode(model):
+        for i, batch in enumerate(loader):
+            if (max_batches is not None and i >= max_batches) or preemption.requested() is not None:
+                break  # a stop request: the caller discards these partial figures
+            inputs, target = to_device(batch, device, channels_last)
+            with precision.autocast():
+                logits = forward(model, inputs)
+            c1, c5 = topk_correct(logits, target)
+            loss = F.cross_entropy(logits.float(), target, reduction="sum")
+            sums += torch.stack([loss.double(), c1.double(), c5.double(), sums.new_tensor(len(target))])
     if reduce is not None:
         sums = reduce(sums)
-    if was_training:
-        model.train()
     n = max(sums[3].item(), 1.0)
     return {
         "loss": sums[0].item() / n,
@@ -141,6 +134,55 @@ def _optimizer_step(model, optimizer, scheduler, precision: Precision, grad_clip
     return stepped
 
 
+@dataclass
+class Step:
+    """What one optimizer step of train_one_epoch works with, besides the batches."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    precision: Precision
+    cfg: object  # trainer config
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None
+    nonfinite: torch.Tensor  # non-finite losses in the current accumulation group (nan_check=loss)
+
+    @property
+    def check_loss(self) -> bool:
+        # nan_check=loss: a step is skipped when a loss of its group was not finite (free: no pass over
+        # the gradients); grads: when the gradient norm is not finite (one more pass, ~5% on resnet18)
+        return self.cfg.nan_check == "loss" and self.precision.scaler is None
+
+    def backward(self, inputs, target: torch.Tensor, group_len: int, last_in_group: bool, state: TrainState):
+        """Forward and backward of one micro-batch (DDP syncs gradients on the group's last)."""
+        sync = contextlib.nullcontext() if last_in_group or not hasattr(self.model, "no_sync") else self.model.no_sync()
+        with sync:
+            with self.precision.autocast():
+                logits = forward(self.model, inputs)
+                loss = F.cross_entropy(logits.float(), target)
+            if self.cfg.on_nan == "stop" and not torch.isfinite(loss):
+                raise Diverged(state.global_step, f"loss is {loss.item()}")
+            if self.check_loss:
+                self.nonfinite += (~torch.isfinite(loss.detach())).float()
+            scaled = loss / group_len
+            (self.precision.scaler.scale(scaled) if self.precision.scaler else scaled).backward()
+        return loss, logits
+
+    def step(self, state: TrainState, loss: torch.Tensor) -> None:
+        """The optimizer step that ends an accumulation group, or its skip."""
+        skip = None
+        if self.check_loss:
+            skip = bool((self.reduce(self.nonfinite) if self.reduce else self.nonfinite) > 0)  # ranks skip together
+            self.nonfinite.zero_()
+        if _optimizer_step(self.model, self.optimizer, self.scheduler, self.precision, self.cfg.grad_clip, skip):
+            state.nan_streak = 0
+        else:
+            state.skipped_steps += 1
+            state.nan_streak += 1
+            if state.nan_streak >= self.cfg.nan_patience:
+                raise Diverged(state.global_step, f"loss is {loss.item()}")
+        state.global_step += 1
+
+
 def train_one_epoch(
     model: nn.Module,
     loader,
@@ -160,104 +202,63 @@ def train_one_epoch(
     """One pass over `loader`, which starts at micro-batch `state.batch_in_epoch` of an
     epoch of `batches_in_epoch` micro-batches. Accumulation groups are fixed by position
     in the epoch, so each group's loss is divided by its own length (the last may be short)."""
-    accum = trainer_cfg.grad_accum_steps
-    max_steps = trainer_cfg.max_steps
-    # nan_check=loss: a step is skipped when a loss of its group was not finite (free: no pass over
-    # the gradients); grads: when the gradient norm is not finite (one more pass, ~5% on resnet18)
-    check_loss = trainer_cfg.nan_check == "loss" and precision.scaler is None
-    nonfinite = torch.zeros((), device=device)  # non-finite losses in the current accumulation group
+    tc, accum = trainer_cfg, trainer_cfg.grad_accum_steps
+    step = Step(model, optimizer, scheduler, precision, tc, reduce, torch.zeros((), device=device))
+    meter = Meter(device)
     model.train()
-    interval = torch.zeros(3, device=device)  # loss sum, correct1, n
-    t_interval, wait_interval, samples_interval = time.perf_counter(), 0.0, 0
-    epoch_samples, epoch_start, epoch_wait = 0, time.perf_counter(), 0.0
     bar = tracker.bar(batches_in_epoch, f"epoch {state.epoch}")
     bar.update(state.batch_in_epoch)
-    it = iter(loader)
-    while state.batch_in_epoch < batches_in_epoch:
-        if max_steps is not None and state.global_step >= max_steps:
-            break
-        t0 = time.perf_counter()
-        try:
-            batch = next(it)
-        except StopIteration:
-            break
-        wait = time.perf_counter() - t0
-        wait_interval += wait
-        epoch_wait += wait
-        b = state.batch_in_epoch
-        group_start = (b // accum) * accum
+
+    def more() -> bool:
+        return state.batch_in_epoch < batches_in_epoch and (tc.max_steps is None or state.global_step < tc.max_steps)
+
+    for batch in timed_batches(loader, meter, more):
+        group_start = (state.batch_in_epoch // accum) * accum
         group_len = min(accum, batches_in_epoch - group_start)
-        last_in_group = b + 1 == group_start + group_len
-        if trainer_cfg.accum_bn == "freeze" and state.global_step >= trainer_cfg.accum_bn_warmup_steps:
+        last_in_group = state.batch_in_epoch + 1 == group_start + group_len
+        if tc.accum_bn == "freeze" and state.global_step >= tc.accum_bn_warmup_steps:
             freeze_bn(model)
-        inputs, target = to_device(batch, device, trainer_cfg.channels_last)
+        inputs, target = to_device(batch, device, tc.channels_last)
         if resize is not None:
             inputs = resize(inputs, state.global_step)
-        if len(batch) > 2:
-            state.bad_samples += int(batch[2])
-        sync = contextlib.nullcontext() if last_in_group or not hasattr(model, "no_sync") else model.no_sync()
-        with sync:
-            with precision.autocast():
-                logits = forward(model, inputs)
-                loss = F.cross_entropy(logits.float(), target)
-            if trainer_cfg.on_nan == "stop" and not torch.isfinite(loss):
-                raise Diverged(state.global_step, f"loss is {loss.item()}")
-            if check_loss:
-                nonfinite += (~torch.isfinite(loss.detach())).float()
-            scaled = loss / group_len
-            (precision.scaler.scale(scaled) if precision.scaler else scaled).backward()
-        n = len(target)
-        correct1 = topk_correct(logits.detach(), target)[0].float()
-        interval += torch.stack([loss.detach() * n, correct1, loss.new_tensor(n)])
-        samples_interval += n
-        epoch_samples += n
+        state.bad_samples += int(batch[2]) if len(batch) > 2 else 0
+        loss, logits = step.backward(inputs, target, group_len, last_in_group, state)
+        meter.add(loss, logits, target)
         state.batch_in_epoch += 1
-        state.samples_seen += n
+        state.samples_seen += len(target)
         bar.update(1)
         if not last_in_group:
             continue
-        skip = None
-        if check_loss:
-            skip = bool((reduce(nonfinite) if reduce else nonfinite) > 0)  # every rank skips together
-            nonfinite.zero_()
-        if _optimizer_step(model, optimizer, scheduler, precision, trainer_cfg.grad_clip, skip):
-            state.nan_streak = 0
-        else:
-            state.skipped_steps += 1
-            state.nan_streak += 1
-            if state.nan_streak >= trainer_cfg.nan_patience:
-                raise Diverged(state.global_step, f"loss is {loss.item()}")
-        state.global_step += 1
-        if state.global_step % trainer_cfg.log_every_n_steps == 0:
-            # every rank reaches this step together: summing across ranks here cannot deadlock
-            loss_sum, correct, count = (reduce(interval) if reduce else interval).tolist()
-            elapsed = time.perf_counter() - t_interval
-            event = {
-                "step": state.global_step,
-                "epoch": state.epoch,
-                "split": "train",
-                "loss": loss_sum / count,
-                "acc1": correct / count,
-                "lr": optimizer.param_groups[0]["lr"],
-                "samples_per_s": samples_interval / elapsed,
-                "data_wait_frac": wait_interval / elapsed,
-                "peak_mem_mb": peak_mem_mb(device),
-                "gpu_util": gpu_util(device),
-                "skipped_steps": state.skipped_steps,
-            }
-            tracker.log(**event)
+        step.step(state, loss)
+        if state.global_step % tc.log_every_n_steps == 0:
+            event = {"step": state.global_step, "epoch": state.epoch, "split": "train", **meter.interval_event(reduce)}
+            event.update(lr=optimizer.param_groups[0]["lr"], peak_mem_mb=peak_mem_mb(device), gpu_util=gpu_util(device))
+            tracker.log(**event, skipped_steps=state.skipped_steps)
             bar.set_postfix(loss=f"{event['loss']:.3f}", acc=f"{event['acc1']:.3f}", sps=f"{event['samples_per_s']:.0f}")
-            interval.zero_()
-            t_interval, wait_interval, samples_interval = time.perf_counter(), 0.0, 0
         if on_step is not None:
             on_step(state)
     bar.close()
-    elapsed = time.perf_counter() - epoch_start
-    state.train_time_s += elapsed
-    return {
-        "samples": epoch_samples,
-        "time_s": elapsed,
-        "samples_per_s": epoch_samples / max(elapsed, 1e-9),
-        "data_wait_frac": epoch_wait / max(elapsed, 1e-9),
-        "wait_s": epoch_wait,
-    }
+    stats = meter.epoch_stats()
+    state.train_time_s += stats["time_s"]
+    return stats
+
+
+def short_run(model: nn.Module, loader, cfg, *, device: torch.device, precision: Precision, batches: int, on_step, **trainer):
+    """A few training steps outside the run (autotune trials, fine-tuning between pruning steps):
+    their own optimizer, no LR schedule, nothing logged. `trainer` overrides trainer.* keys."""
+    tc = OmegaConf.merge(cfg.trainer, {"max_steps": None, **trainer})
+    tracker = Tracker(".", enabled=False, logger_cfg=cfg.logger, config={})
+    optimizer = build_optimizer(model, cfg.optim)
+    train_one_epoch(
+        model,
+        loader,
+        optimizer,
+        None,
+        precision,
+        TrainState(),
+        trainer_cfg=tc,
+        device=device,
+        tracker=tracker,
+        batches_in_epoch=batches,
+        on_step=on_step,
+    )

@@ -2,10 +2,55 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from turbotrain.config import ConfigError
+from turbotrain.registry import Registry
+from turbotrain.schema import NON_NEGATIVE, POSITIVE, UNIT_HALF_OPEN, setting
+
+OPTIMIZERS = Registry("optim")
+
+
+@dataclass
+class OptimConfig:
+    name: str = "sgd"
+    lr: float = setting(0.1, bound=POSITIVE)
+    weight_decay: float = setting(0.0, bound=NON_NEGATIVE)
+
+
+@dataclass
+class SGDConfig(OptimConfig):
+    weight_decay: float = setting(5e-4, bound=NON_NEGATIVE)
+    momentum: float = setting(0.9, bound=UNIT_HALF_OPEN)
+    nesterov: bool = True
+
+
+@dataclass
+class AdamConfig(OptimConfig):
+    lr: float = setting(1e-3, bound=POSITIVE)
+    betas: list[float] = setting(bound=UNIT_HALF_OPEN, factory=lambda: [0.9, 0.999])
+    eps: float = setting(1e-8, bound=POSITIVE)
+
+
+@dataclass
+class AdamWConfig(AdamConfig):
+    weight_decay: float = setting(0.05, bound=NON_NEGATIVE)
+
+
+@dataclass
+class RMSpropConfig(OptimConfig):
+    lr: float = setting(1e-3, bound=POSITIVE)
+    alpha: float = setting(0.99, bound=UNIT_HALF_OPEN)
+    momentum: float = setting(0.9, bound=UNIT_HALF_OPEN)
+    eps: float = setting(1e-8, bound=POSITIVE)
+
+
+@dataclass
+class AdagradConfig(OptimConfig):
+    lr: float = setting(1e-2, bound=POSITIVE)
+    eps: float = setting(1e-10, bound=POSITIVE)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -21,16 +66,29 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, optim_cfg) -> torch.optim.Optimizer:
-    c = optim_cfg
-    groups = param_groups(model, c.weight_decay)
-    if c.name == "sgd":
-        return torch.optim.SGD(groups, lr=c.lr, momentum=c.momentum, nesterov=c.nesterov and c.momentum > 0)
-    if c.name == "adam":
-        return torch.optim.Adam(groups, lr=c.lr, betas=tuple(c.betas), eps=c.eps)
-    if c.name == "adamw":
-        return torch.optim.AdamW(groups, lr=c.lr, betas=tuple(c.betas), eps=c.eps)
-    if c.name == "rmsprop":
-        return torch.optim.RMSprop(groups, lr=c.lr, alpha=c.alpha, eps=c.eps, momentum=c.momentum)
-    if c.name == "adagrad":
-        return torch.optim.Adagrad(groups, lr=c.lr, eps=c.eps)
-    raise ConfigError(f"optim.name={c.name!r} is not supported; allowed: sgd, adam, adamw, rmsprop, adagrad")
+    return OPTIMIZERS.of(optim_cfg).build(param_groups(model, optim_cfg.weight_decay), optim_cfg)
+
+
+@OPTIMIZERS.register("sgd", SGDConfig)
+def sgd(groups: list[dict], c) -> torch.optim.Optimizer:
+    return torch.optim.SGD(groups, lr=c.lr, momentum=c.momentum, nesterov=c.nesterov and c.momentum > 0)
+
+
+@OPTIMIZERS.register("adam", AdamConfig)
+def adam(groups: list[dict], c) -> torch.optim.Optimizer:
+    return torch.optim.Adam(groups, lr=c.lr, betas=tuple(c.betas), eps=c.eps)
+
+
+@OPTIMIZERS.register("adamw", AdamWConfig)
+def adamw(groups: list[dict], c) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(groups, lr=c.lr, betas=tuple(c.betas), eps=c.eps)
+
+
+@OPTIMIZERS.register("rmsprop", RMSpropConfig)
+def rmsprop(groups: list[dict], c) -> torch.optim.Optimizer:
+    return torch.optim.RMSprop(groups, lr=c.lr, alpha=c.alpha, eps=c.eps, momentum=c.momentum)
+
+
+@OPTIMIZERS.register("adagrad", AdagradConfig)
+def adagrad(groups: list[dict], c) -> torch.optim.Optimizer:
+    return torch.optim.Adagrad(groups, lr=c.lr, eps=c.eps)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import signal
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from omegaconf import OmegaConf
 
@@ -20,9 +18,10 @@ from turbotrain.atomic import remove_stale_temps
 from turbotrain.build import Parts, build
 from turbotrain.compression import prune
 from turbotrain.loop import Diverged, TrainState, evaluate, train_one_epoch
-from turbotrain.models import describe
+from turbotrain.models import architecture
 from turbotrain.preemption import Preempted, StopFlag, resume_hint, stop_now, watch_signals
 from turbotrain.profiling import profiler
+from turbotrain.seeds import derived_seed, seed_everything
 from turbotrain.tracking import Tracker, peak_mem_mb, process_age_s, trim_metrics
 from turbotrain.validation import validate
 
@@ -33,21 +32,26 @@ class TrainingError(RuntimeError):
     """Training cannot go on (diverged); the message says where the last good checkpoint is."""
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def train(cfg, run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> float:
     """Run training as configured; returns the best validation top-1 (for sweepers).
     `overrides` are the command line's, handed to DDP workers when this process launches them."""
     validate(cfg)
     run_dir = Path(run_dir)
-    if cfg.distributed.name == "ddp" and not dist.in_worker_env():
-        resume.check_run_dir_free(run_dir, cfg.trainer.resume)  # fail here, not in a worker
-        dist.launch(cfg.distributed, run_dir, list(overrides))
-        return json.loads((run_dir / "summary.json").read_text())["best_val_acc1"]
+    if dist.launches(cfg.distributed):
+        return launch_workers(cfg, run_dir, overrides)
+    return train_here(cfg, run_dir)
+
+
+def launch_workers(cfg, run_dir: Path, overrides) -> float:
+    """This process only launches the workers (distributed=ddp outside torchrun); they train
+    and rank 0 writes summary.json, whose best top-1 is the run's result."""
+    resume.check_run_dir_free(run_dir, cfg.trainer.resume)  # fail here, not in a worker
+    dist.DISTRIBUTED.of(cfg.distributed).build(cfg.distributed, run_dir, list(overrides))
+    return json.loads((run_dir / "summary.json").read_text())["best_val_acc1"]
+
+
+def train_here(cfg, run_dir: Path) -> float:
+    """Train in this process: alone, or as one rank of a DDP group."""
     seed_everything(cfg.trainer.seed)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
@@ -105,7 +109,7 @@ class Run:
             progress_bar=tc.progress_bar,
         )
         self.config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-        self.arch = describe(cfg, self.p.data, self.p.model)
+        self.arch = architecture(cfg, self.p.data, self.p.model)
         self.first_step_s: float | None = None  # process age at the first optimizer step (start-up cost)
         self.session = torch.zeros(3, dtype=torch.float64)  # samples (all ranks), seconds, data-wait seconds
         self.balance: list[list[float]] = []
@@ -171,7 +175,7 @@ class Run:
         while state.epoch < tc.max_epochs and not (tc.max_steps and state.global_step >= tc.max_steps):
             stats = self._train_epoch()
             val = self._validate(stats)
-            if state.batch_in_epoch >= p.batches_in_epoch:
+            if state.batch_in_epoch >= p.loaders.batches_in_epoch:
                 state.epoch += 1
                 state.batch_in_epoch = 0
             improved = val["acc1"] > state.best_val_acc1
@@ -184,12 +188,12 @@ class Run:
 
     def _train_epoch(self) -> dict:
         tc, p, state, info = self.cfg.trainer, self.p, self.state, self.info
-        p.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * self.cfg.data.batch_size)
+        p.loaders.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * self.cfg.data.batch_size)
         # own worker seeds per rank: ranks must not share one augmentation stream
-        p.loader_rng.manual_seed(tc.seed * 1_000_003 + state.epoch + 1 + 1_000_000_007 * info.rank)
+        p.loaders.rng.manual_seed(derived_seed(tc.seed, state.epoch + 1, info.rank))
         stats = train_one_epoch(
             p.train_model,
-            p.train_loader,
+            p.loaders.train,
             p.optimizer,
             p.scheduler,
             p.precision,
@@ -197,7 +201,7 @@ class Run:
             trainer_cfg=tc,
             device=self.device,
             tracker=self.tracker,
-            batches_in_epoch=p.batches_in_epoch,
+            batches_in_epoch=p.loaders.batches_in_epoch,
             on_step=self.on_step,
             reduce=dist.all_reduce_sum if info.enabled else None,
             resize=p.resize,
@@ -213,7 +217,7 @@ class Run:
         tc, p, state, info = self.cfg.trainer, self.p, self.state, self.info
         val = evaluate(
             p.train_model,
-            p.val_loader,
+            p.loaders.val,
             device=self.device,
             precision=p.precision,
             max_batches=tc.limit_val_batches,

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import torch
 
+from turbotrain.registry import Registry
+from turbotrain.schema import POSITIVE, setting
+
 
 @dataclass
 class Precision:
@@ -46,23 +49,37 @@ def native_bf16_cpu() -> bool:
 
 
 FP32_CPU = Precision("fp32", "cpu", None, None)  # reference evaluations (export, compression)
+PRECISIONS = Registry("precision")
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "fp32"
+    tf32: bool = False  # CUDA: TF32 matmuls and convolutions for the fp32 parts
+
+
+@dataclass
+class Bf16Config(PrecisionConfig):
+    tf32: bool = True
+
+
+@dataclass
+class ScaledConfig(PrecisionConfig):
+    init_scale: float = setting(65536.0, bound=POSITIVE)  # GradScaler (fp16 autocast)
+    growth_interval: int = setting(2000, bound=POSITIVE)
+
+
+@dataclass
+class AmpConfig(ScaledConfig):
+    tf32: bool = True
 
 
 def build_precision(precision_cfg, device: torch.device) -> Precision:
-    name = precision_cfg.name
     if device.type == "cuda" and precision_cfg.tf32:
         # The fp32_precision API replaces allow_tf32 in torch >= 2.9.
         torch.backends.cuda.matmul.fp32_precision = "tf32"
         torch.backends.cudnn.conv.fp32_precision = "tf32"
-    if name == "fp32":
-        dtype = None
-    elif name == "amp" and device.type != "cuda" and not native_bf16_cpu():
-        log.info("precision=amp: this CPU has no native bf16 (AVX512_BF16/AMX), so fp32 it is; precision=bf16 forces bf16")
-        dtype = None
-    elif name == "bf16" or (name == "amp" and device.type != "cuda"):
-        dtype = torch.bfloat16
-    else:  # fp16, or amp on CUDA
-        dtype = torch.float16
+    dtype = PRECISIONS.of(precision_cfg).build(device)
     scaler = None
     if dtype is torch.float16:
         scaler = torch.amp.GradScaler(
@@ -70,4 +87,29 @@ def build_precision(precision_cfg, device: torch.device) -> Precision:
             init_scale=precision_cfg.init_scale,
             growth_interval=precision_cfg.growth_interval,
         )
-    return Precision(name, device.type, dtype, scaler)
+    return Precision(precision_cfg.name, device.type, dtype, scaler)
+
+
+@PRECISIONS.register("fp32", PrecisionConfig)
+def fp32(device: torch.device) -> None:
+    return None
+
+
+@PRECISIONS.register("amp", AmpConfig)
+def amp(device: torch.device) -> torch.dtype | None:
+    if device.type == "cuda":
+        return torch.float16
+    if not native_bf16_cpu():
+        log.info("precision=amp: this CPU has no native bf16 (AVX512_BF16/AMX), so fp32 it is; precision=bf16 forces bf16")
+        return None
+    return torch.bfloat16
+
+
+@PRECISIONS.register("bf16", Bf16Config)
+def bf16(device: torch.device) -> torch.dtype:
+    return torch.bfloat16
+
+
+@PRECISIONS.register("fp16", ScaledConfig)
+def fp16(device: torch.device) -> torch.dtype:
+    return torch.float16

@@ -11,20 +11,55 @@ import contextlib
 import logging
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from turbotrain.registry import Registry
+from turbotrain.schema import NON_NEGATIVE, POSITIVE, setting
+
 log = logging.getLogger("turbotrain")
+
+
+PROFILERS = Registry("profiler")
+
+
+@dataclass
+class ProfilerConfig:
+    name: str = "none"
+
+
+@dataclass
+class TorchProfilerConfig(ProfilerConfig):
+    wait: int = setting(5, bound=NON_NEGATIVE)  # optimizer steps skipped,
+    warmup: int = setting(2, bound=NON_NEGATIVE)  # then warmed up,
+    active: int = setting(5, bound=POSITIVE)  # then traced, once
+    record_shapes: bool = False
+    profile_memory: bool = True
 
 
 @contextlib.contextmanager
 def profiler(cfg, run_dir: Path, device: torch.device, enabled: bool) -> Iterator[Callable[[], None] | None]:
     """Yields a per-optimizer-step callback, or None when profiling is off (or not rank 0)."""
-    if cfg.name == "none" or not enabled:
+    if not enabled:
         yield None
         return
+    with PROFILERS.of(cfg).build(cfg, Path(run_dir), device) as step:
+        yield step
+
+
+@PROFILERS.register("none", ProfilerConfig)
+@contextlib.contextmanager
+def no_profiler(cfg, run_dir: Path, device: torch.device) -> Iterator[None]:
+    yield None
+
+
+@PROFILERS.register("torch", TorchProfilerConfig)
+@contextlib.contextmanager
+def torch_profiler(cfg, run_dir: Path, device: torch.device) -> Iterator[Callable[[], None]]:
+    """torch.profiler over a few optimizer steps: TensorBoard trace, trace.json, top_ops.txt."""
     out = Path(run_dir) / "profiler"
     out.mkdir(parents=True, exist_ok=True)
     tensorboard = tensorboard_trace_handler(str(out / "tb"))

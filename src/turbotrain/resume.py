@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from turbotrain.config import ConfigError
+from turbotrain.schema import ConfigError
 
 log = logging.getLogger("turbotrain")
 

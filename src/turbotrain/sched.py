@@ -1,13 +1,67 @@
-"""Learning-rate schedules, all stepped once per optimizer step."""
+"""Learning-rate schedules, all stepped once per optimizer step. Each computes the LR in closed
+form from its step count, which is what lets an extended run continue its schedule (resume.py)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch.optim.lr_scheduler import CyclicLR, LambdaLR, LRScheduler, OneCycleLR
 
-from turbotrain.config import ConfigError
+from turbotrain.registry import Registry
+from turbotrain.schema import NON_NEGATIVE, POSITIVE, UNIT_CLOSED, UNIT_OPEN, setting
+
+SCHEDULES = Registry("sched")
+
+
+@dataclass
+class SchedConfig:
+    name: str = "none"
+
+
+@dataclass
+class CosineConfig(SchedConfig):
+    warmup_steps: int = setting(100, bound=NON_NEGATIVE)
+    min_lr_ratio: float = setting(0.0, bound=UNIT_CLOSED)
+
+
+@dataclass
+class StepConfig(SchedConfig):
+    step_epochs: int = setting(1, bound=POSITIVE)  # decay every N epochs
+    gamma: float = setting(0.1, bound=POSITIVE)
+
+
+@dataclass
+class OneCycleConfig(SchedConfig):
+    pct_start: float = setting(0.3, bound=UNIT_OPEN)
+
+
+@dataclass
+class CyclicConfig(SchedConfig):
+    base_lr_ratio: float = setting(0.1, bound=UNIT_CLOSED)  # base_lr = optim.lr * ratio
+    max_lr: float | None = setting(None, bound=POSITIVE)  # None: optim.lr
+    cycle_epochs: float = setting(2.0, bound=POSITIVE)  # one up+down cycle
+
+
+@dataclass
+class Horizon:
+    """What a schedule needs to know about the run: its length and the steps of one epoch."""
+
+    total_steps: int
+    steps_per_epoch: int
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, sched_cfg, optim_cfg, *, total_steps: int, steps_per_epoch: int
+) -> LRScheduler | None:
+    horizon = Horizon(int(total_steps), max(1, steps_per_epoch))
+    return SCHEDULES.of(sched_cfg).build(optimizer, sched_cfg, optim_cfg, horizon)
+
+
+@SCHEDULES.register("none", SchedConfig)
+def constant(optimizer, c, optim_cfg, horizon: Horizon) -> None:
+    return None
 
 
 class WarmupCosine:
@@ -24,6 +78,12 @@ class WarmupCosine:
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
 
+@SCHEDULES.register("cosine", CosineConfig)
+def cosine(optimizer, c, optim_cfg, horizon: Horizon) -> LRScheduler:
+    warmup = min(c.warmup_steps, max(0, horizon.total_steps - 1))
+    return LambdaLR(optimizer, WarmupCosine(warmup, horizon.total_steps, c.min_lr_ratio))
+
+
 class StepDecay:
     def __init__(self, every: int, gamma: float):
         self.every, self.gamma = max(1, every), gamma
@@ -32,27 +92,22 @@ class StepDecay:
         return self.gamma ** (step // self.every)
 
 
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, sched_cfg, optim_cfg, *, total_steps: int, steps_per_epoch: int
-) -> LRScheduler | None:
-    c = sched_cfg
-    if c.name == "none":
-        return None
-    if c.name == "cosine":
-        warmup = min(c.warmup_steps, max(0, total_steps - 1))
-        return LambdaLR(optimizer, WarmupCosine(warmup, total_steps, c.min_lr_ratio))
-    if c.name == "step":
-        return LambdaLR(optimizer, StepDecay(c.step_epochs * steps_per_epoch, c.gamma))
-    if c.name == "onecycle":
-        return OneCycleLR(optimizer, max_lr=optim_cfg.lr, total_steps=total_steps, pct_start=c.pct_start)
-    if c.name == "cyclic":
-        half = max(1, int(c.cycle_epochs * steps_per_epoch / 2))
-        return CyclicLR(
-            optimizer,
-            base_lr=optim_cfg.lr * c.base_lr_ratio,
-            max_lr=c.max_lr or optim_cfg.lr,
-            step_size_up=half,
-            cycle_momentum=optim_cfg.name in ("sgd", "rmsprop") and optim_cfg.momentum > 0,
-        )
-    allowed = "none, cosine, cyclic, onecycle, step"
-    raise ConfigError(f"sched.name={c.name!r} is not supported; allowed: {allowed}")
+@SCHEDULES.register("step", StepConfig)
+def step(optimizer, c, optim_cfg, horizon: Horizon) -> LRScheduler:
+    return LambdaLR(optimizer, StepDecay(c.step_epochs * horizon.steps_per_epoch, c.gamma))
+
+
+@SCHEDULES.register("onecycle", OneCycleConfig)
+def onecycle(optimizer, c, optim_cfg, horizon: Horizon) -> LRScheduler:
+    return OneCycleLR(optimizer, max_lr=optim_cfg.lr, total_steps=horizon.total_steps, pct_start=c.pct_start)
+
+
+@SCHEDULES.register("cyclic", CyclicConfig)
+def cyclic(optimizer, c, optim_cfg, horizon: Horizon) -> LRScheduler:
+    return CyclicLR(
+        optimizer,
+        base_lr=optim_cfg.lr * c.base_lr_ratio,
+        max_lr=c.max_lr or optim_cfg.lr,
+        step_size_up=max(1, int(c.cycle_epochs * horizon.steps_per_epoch / 2)),
+        cycle_momentum=optimizer.defaults.get("momentum", 0) > 0,  # optimizers without momentum: none to cycle
+    )

@@ -13,6 +13,7 @@ import os
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ import torch
 from tqdm import tqdm
 
 from turbotrain.atomic import atomic_write_text
+from turbotrain.registry import Registry
+from turbotrain.schema import setting
 
 log = logging.getLogger("turbotrain")
 
@@ -92,6 +95,40 @@ def trim_metrics(run_dir: Path, upto_step: int) -> int:
     return dropped
 
 
+LOGGERS = Registry("logger")
+
+
+@dataclass
+class LoggerConfig:
+    """One schema for every logger option: logger=none ignores the wandb keys."""
+
+    name: str = "none"
+    project: str = "turbotrain"
+    mode: str = setting("offline", choices=("offline", "online", "disabled"))  # offline: `wandb sync` later
+    entity: str | None = None
+    tags: list[str] = setting(factory=list)
+
+
+@LOGGERS.register("none", LoggerConfig)
+def no_logger(logger_cfg, run_dir: Path, config: dict) -> None:
+    return None  # metrics.jsonl, summary.json and the console only
+
+
+@LOGGERS.register("wandb", LoggerConfig)
+def wandb_run(logger_cfg, run_dir: Path, config: dict):
+    import wandb  # imported only when asked for: it adds seconds to start-up
+
+    return wandb.init(
+        project=logger_cfg.project,
+        entity=logger_cfg.entity,
+        mode=logger_cfg.mode,
+        dir=str(run_dir),
+        config=config,
+        tags=list(logger_cfg.tags),
+        name=run_dir.name,
+    )
+
+
 class Tracker:
     def __init__(self, run_dir: Path, *, enabled: bool, logger_cfg, config: dict, progress_bar: bool = True) -> None:
         self.run_dir, self.enabled = Path(run_dir), enabled
@@ -102,18 +139,7 @@ class Tracker:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (closed in close())
-        if logger_cfg.name == "wandb":
-            import wandb  # imported only when asked for: it adds seconds to start-up
-
-            self._wandb = wandb.init(
-                project=logger_cfg.project,
-                entity=logger_cfg.entity,
-                mode=logger_cfg.mode,
-                dir=str(self.run_dir),
-                config=config,
-                tags=list(logger_cfg.tags),
-                name=self.run_dir.name,
-            )
+        self._wandb = LOGGERS.of(logger_cfg).build(logger_cfg, self.run_dir, config)
 
     def log(self, **event: Any) -> None:
         if not self.enabled:

@@ -1,178 +1,59 @@
-"""validate(cfg): the values whose allowed set is closed or bounded, checked before a run starts,
-each failure named in one line (Hydra's schema has already checked keys and types)."""
+"""validate(cfg): every key a run will read, checked before it starts against the schema of the
+option each group selects (allowed values and bounds live on the schema fields), each failure
+named in one line. Hydra has already checked keys and types at compose time."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+import dataclasses
+import logging
 from typing import Any
 
-from turbotrain.config import ConfigError, TrainConfig
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 
-CHOICES = {
-    "data.resolution": ("fixed", "dynamic", "progressive"),
-    "data.on_bad_sample": ("skip", "error"),
-    "trainer.on_nan": ("skip", "stop"),
-    "trainer.nan_check": ("loss", "grads"),
-    "precision.name": ("fp32", "amp", "bf16", "fp16"),
-    "optim.name": ("sgd", "adam", "adamw", "rmsprop", "adagrad"),
-    "sched.name": ("none", "cosine", "cyclic", "onecycle", "step"),
-    "trainer.accum_bn": ("none", "freeze"),
-    "logger.name": ("none", "wandb"),
-    "logger.mode": ("offline", "online", "disabled"),
-    "attention.name": ("full", "sliding_window"),
-    "attention.implementation": ("sdpa", "eager"),
-    "compression.name": ("none", "channel_prune", "weight_prune", "embed_lowrank"),
-    "compression.targets": ("embedding", "linear", "both"),
-    "compression.importance": ("l1", "group_l1", "taylor"),
-    "distributed.name": ("none", "ddp"),
-    "distributed.backend": ("auto", "nccl", "gloo"),
-    "profiler.name": ("none", "torch"),
-}
+from turbotrain.autotune import KNOBS
+from turbotrain.config import TrainerConfig, registries
+from turbotrain.schema import ConfigError, check, check_value
 
-# Bounded numeric keys: (low, high, low inclusive, high inclusive); None means unbounded. A key
-# whose value is null (where the schema allows it) means "the default" and is not checked.
-POSITIVE, NON_NEGATIVE = (0, None, False, False), (0, None, True, False)
-UNIT_OPEN, UNIT_HALF_OPEN, UNIT_CLOSED = (0, 1, False, False), (0, 1, True, False), (0, 1, True, True)
-BOUNDS = {
-    **dict.fromkeys(
-        (
-            "data.batch_size",
-            "data.eval_batch_size",
-            "data.image_size",
-            "data.max_image_pixels",
-            "data.resolution_step",
-            "data.num_samples",
-            "data.channels",
-            "data.max_length",
-            "model.width",
-            "precision.init_scale",
-            "precision.growth_interval",
-            "attention.window",
-            "attention.block",
-            "compression.steps",
-            "compression.rank",
-            "distributed.nproc",
-            "distributed.timeout_s",
-            "deploy.val_batches",
-            "deploy.latency_repeats",
-            "deploy.threads",
-            "deploy.autotune_steps",
-            "optim.lr",
-            "optim.eps",
-            "sched.max_lr",
-            "sched.cycle_epochs",
-            "sched.step_epochs",
-            "sched.gamma",
-            "loader.prefetch_factor",
-            "profiler.active",
-            "trainer.max_epochs",
-            "trainer.max_steps",
-            "trainer.limit_train_batches",
-            "trainer.limit_val_batches",
-            "trainer.log_every_n_steps",
-            "trainer.checkpoint_every_n_steps",
-            "trainer.grad_accum_steps",
-            "trainer.grad_clip",
-            "trainer.threads",
-            "trainer.nan_patience",
-            "trainer.autotune_steps",
-        ),
-        POSITIVE,
-    ),
-    **dict.fromkeys(
-        (
-            "attention.global_tokens",
-            "compression.round_to",
-            "deploy.calibration_batches",  # 0: options that do not calibrate
-            "compression.finetune_steps",
-            "distributed.max_restarts",
-            "optim.weight_decay",
-            "sched.warmup_steps",
-            "loader.num_workers",
-            "profiler.wait",
-            "profiler.warmup",
-            "trainer.seed",
-            "trainer.accum_bn_warmup_steps",
-        ),
-        NON_NEGATIVE,
-    ),
-    **dict.fromkeys(
-        (
-            "compression.flops_reduction",
-            "compression.channel_ratio",
-            "compression.sparsity",
-            "compression.energy",
-            "data.val_fraction",
-            "sched.pct_start",
-        ),
-        UNIT_OPEN,
-    ),
-    **dict.fromkeys(("model.dropout", "attention.dropout", "optim.momentum", "optim.alpha"), UNIT_HALF_OPEN),
-    **dict.fromkeys(("sched.min_lr_ratio", "sched.base_lr_ratio"), UNIT_CLOSED),
-    "data.num_classes": (2, None, True, False),
-}
-LIST_BOUNDS = {"optim.betas": UNIT_HALF_OPEN, "loader.auto_candidates": NON_NEGATIVE}
-
-AUTOTUNE_KNOBS = ("channels_last", "compile", "num_workers", "attention")  # settings that leave the numerics alone
+log = logging.getLogger("turbotrain")
 
 
-def _get(cfg: Any, dotted: str) -> Any:
-    node = cfg
-    for part in dotted.split("."):
-        node = node[part]
-    return node
+def check_group(cfg: Any, group: str) -> None:
+    """The keys of one group against its selected option's schema (export checks deploy.*)."""
+    node, registry = cfg[group], registries()[group]
+    option = registry.of(node)
+    own = {f.name for f in dataclasses.fields(option.schema)}
+    for key, owners in registry.keys().items():
+        if key not in own and node.get(key) is not None:
+            _check_foreign(group, key, node[key], registry[owners[0]].schema)
+            log.warning("%s.%s is a key of %s=%s: %s=%s ignores it", group, key, group, " / ".join(owners), group, node.name)
+    check({k: v for k, v in node.items() if k in own or k not in registry.keys()}, option.schema, group)  # noqa: SIM118
 
 
-def _check_known_keys(cfg: Any, schema: type) -> None:
-    # Hydra's `+key=value` appends even to structured configs: catch misspelt ones here.
-    for f in fields(schema):
-        section = cfg.get(f.name)
-        if section is None or not hasattr(section, "keys"):
-            continue
-        known = {g.name for g in fields(f.default_factory)}
-        unknown = sorted(set(section.keys()) - known)
-        if unknown:
-            raise ConfigError(f"unknown key {f.name}.{unknown[0]}; known keys: {', '.join(sorted(known))}")
+def _check_foreign(group: str, key: str, value: Any, owner_schema: type) -> None:
+    """A key of another option of the group (it composes untyped): its type and bounds as there."""
+    f = {f.name: f for f in dataclasses.fields(owner_schema)}[key]
+    try:
+        OmegaConf.merge(OmegaConf.structured(owner_schema), {key: value})
+    except ValidationError as e:
+        raise ConfigError(f"{group}.{key}={value!r}: {str(e).splitlines()[0]}") from e
+    check_value(f"{group}.{key}", value, f)
 
 
 def validate(cfg: Any) -> None:
     """Raise ConfigError naming the first key whose value the pipeline cannot use."""
-    _check_known_keys(cfg, TrainConfig)
-    for key, allowed in CHOICES.items():
-        value = _get(cfg, key)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r} is not supported; allowed: {', '.join(allowed)}")
-    check_bounds(cfg)
-    _check_resolution(cfg.data)
-    unknown = sorted(set(cfg.trainer.autotune_knobs) - set(AUTOTUNE_KNOBS))
+    known = {*registries(), "trainer"}
+    unknown = sorted(set(cfg.keys()) - known)
     if unknown:
-        raise ConfigError(f"trainer.autotune_knobs: unknown knob {unknown[0]!r}; allowed: {', '.join(AUTOTUNE_KNOBS)}")
-
-
-def _describe(bound: tuple) -> str:
-    low, high, low_in, high_in = bound
-    if high is None:
-        return f"must be {'>=' if low_in else '>'} {low}"
-    return f"must be in {'[' if low_in else '('}{low}, {high}{']' if high_in else ')'}"
-
-
-def check_bounds(cfg: Any, sections: tuple[str, ...] | None = None) -> None:
-    """The bounded numeric keys (of `sections` only, when given: export checks deploy.*)."""
-
-    def inside(value: float, bound: tuple) -> bool:
-        low, high, low_in, high_in = bound
-        above = value >= low if low_in else value > low
-        below = high is None or (value <= high if high_in else value < high)
-        return above and below
-
-    for table, is_list in ((BOUNDS, False), (LIST_BOUNDS, True)):
-        for key, bound in table.items():
-            if sections is not None and key.split(".")[0] not in sections:
-                continue
-            value = _get(cfg, key)
-            values = list(value) if is_list else [value]
-            if value is not None and not all(v is not None and inside(v, bound) for v in values):
-                raise ConfigError(f"{key}={value!r} {_describe(bound)}")
+        raise ConfigError(f"unknown config section {unknown[0]!r}; sections: {', '.join(sorted(known))}")
+    check(cfg.trainer, TrainerConfig, "trainer")
+    for group in registries():
+        check_group(cfg, group)
+    if cfg.data.get("resolution_scale") is not None:
+        _check_resolution(cfg.data)
+    unknown = sorted(set(cfg.trainer.autotune_knobs) - set(KNOBS))
+    if unknown:
+        raise ConfigError(f"trainer.autotune_knobs: unknown knob {unknown[0]!r}; allowed: {', '.join(KNOBS)}")
 
 
 def _check_resolution(data: Any) -> None:

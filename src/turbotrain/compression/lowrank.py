@@ -7,13 +7,27 @@ initialized from the decomposition, so at full rank the product equals W exactly
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from turbotrain.config import ConfigError
+from turbotrain.compression.compress import COMPRESSION, CompressionConfig, Surgery
+from turbotrain.modules import replace_module
+from turbotrain.schema import POSITIVE, UNIT_OPEN, ConfigError, setting
 
 
-def _rank(s: torch.Tensor, rank: int | None, energy: float | None) -> int:
+@dataclass
+class EmbedLowRankConfig(CompressionConfig):
+    targets: str = setting("embedding", choices=("embedding", "linear", "both"))
+    rank: int | None = setting(128, bound=POSITIVE)
+    energy: float | None = setting(
+        None, bound=UNIT_OPEN
+    )  # alternative: smallest rank keeping this share of squared singular values
+
+
+def svd_rank(s: torch.Tensor, rank: int | None, energy: float | None) -> int:
+    """`rank` (at most full), else the smallest rank keeping `energy` of the squared singular values."""
     if rank:
         return min(rank, len(s))
     if energy:
@@ -32,11 +46,6 @@ class LowRankLinear(nn.Sequential):
         super().__init__(nn.Linear(fin, rank, bias=False), nn.Linear(rank, fout, bias=bias))
 
 
-def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, new)
-
-
 @torch.no_grad()
 def factorize(model: nn.Module, targets: str, rank: int | None, energy: float | None) -> dict:
     """Factorize word embeddings (`targets` embedding|both) and Linear layers (linear|both).
@@ -46,18 +55,18 @@ def factorize(model: nn.Module, targets: str, rank: int | None, energy: float | 
         emb = model.get_input_embeddings()
         name = next(n for n, m in model.named_modules() if m is emb)
         u, s, vh = torch.linalg.svd(emb.weight.float(), full_matrices=False)
-        r = _rank(s, rank, energy)
+        r = svd_rank(s, rank, energy)
         new = LowRankEmbedding(emb.num_embeddings, r, emb.embedding_dim, emb.padding_idx)
         new[0].weight.copy_(u[:, :r] * s[:r])
         new[1].weight.copy_(vh[:r].T)
-        _replace(model, name, new)
+        replace_module(model, name, new)
         spec[name] = r
     if targets in ("linear", "both"):
         for name, m in list(model.named_modules()):
             if not isinstance(m, nn.Linear) or "classifier" in name or isinstance(m, LowRankLinear):
                 continue
             u, s, vh = torch.linalg.svd(m.weight.float(), full_matrices=False)
-            r = _rank(s, rank, energy)
+            r = svd_rank(s, rank, energy)
             if r * (m.in_features + m.out_features) >= m.in_features * m.out_features:
                 continue  # would not save parameters
             new = LowRankLinear(m.in_features, r, m.out_features, m.bias is not None)
@@ -65,7 +74,7 @@ def factorize(model: nn.Module, targets: str, rank: int | None, energy: float | 
             new[1].weight.copy_(u[:, :r] * s[:r])
             if m.bias is not None:
                 new[1].bias.copy_(m.bias)
-            _replace(model, name, new)
+            replace_module(model, name, new)
             spec[name] = r
     if not spec:
         raise ConfigError(f"compression=lowrank (targets={targets}) changed nothing: rank too high to save parameters")
@@ -73,20 +82,25 @@ def factorize(model: nn.Module, targets: str, rank: int | None, energy: float | 
     return {"method": "lowrank", "ranks": spec, "params_before": before, "params_after": after}
 
 
-def restructure(model: nn.Module, spec: dict[str, int]) -> None:
+def restore(model: nn.Module, spec: dict[str, int], state_dict: dict | None = None) -> None:
     """Give a fresh model the factorized modules of `spec` (weights come from a checkpoint)."""
     for name, r in spec.items():
         m = model.get_submodule(name)
         if isinstance(m, nn.Embedding):
-            _replace(model, name, LowRankEmbedding(m.num_embeddings, r, m.embedding_dim, m.padding_idx))
+            replace_module(model, name, LowRankEmbedding(m.num_embeddings, r, m.embedding_dim, m.padding_idx))
         else:
-            _replace(model, name, LowRankLinear(m.in_features, r, m.out_features, m.bias is not None))
+            replace_module(model, name, LowRankLinear(m.in_features, r, m.out_features, m.bias is not None))
 
 
-def spec(model: nn.Module) -> dict[str, int]:
-    """{module name: rank} of the factorized modules in `model` (what `restructure` needs)."""
+def record(model: nn.Module) -> dict[str, int]:
+    """{module name: rank} of the factorized modules in `model` (what `restore` needs)."""
     return {
         name: m[0].embedding_dim if isinstance(m, LowRankEmbedding) else m[0].out_features
         for name, m in model.named_modules()
         if isinstance(m, LowRankEmbedding | LowRankLinear)
     }
+
+
+@COMPRESSION.register("embed_lowrank", EmbedLowRankConfig, kind="text", structure=("lowrank", record, restore))
+def embed_lowrank(model: nn.Module, cfg, surgery: Surgery) -> dict:
+    return factorize(model, cfg.targets, cfg.rank, cfg.energy)

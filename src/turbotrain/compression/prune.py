@@ -3,20 +3,22 @@
 Channel pruning removes whole conv channels together with everything that depends on them
 (residual adds, depthwise convs, BN, the classifier's inputs), so the result is a smaller dense
 model. Its architecture is recorded as conv `groups` per layer; every other shape is read off
-the state dict when the model is rebuilt (`rebuild`).
+the state dict when the model is rebuilt (`restore`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch_pruning as tp
 from torch import nn
 from torch.nn.utils import prune as tprune
 
-from turbotrain.config import ConfigError
+from turbotrain.compression.compress import COMPRESSION, CompressionConfig, Surgery
+from turbotrain.modules import count_macs
+from turbotrain.schema import NON_NEGATIVE, POSITIVE, UNIT_OPEN, ConfigError, setting
 
 log = logging.getLogger("turbotrain")
 
@@ -27,26 +29,26 @@ IMPORTANCE = {
 }
 
 
-def macs(model: nn.Module, example: torch.Tensor) -> int:
-    was_training = model.training
-    model.eval()
-    ops, _ = tp.utils.count_ops_and_params(model, example)
-    model.train(was_training)
-    return int(ops)
+@dataclass
+class ChannelPruneConfig(CompressionConfig):
+    flops_reduction: float | None = setting(0.4, bound=UNIT_OPEN)  # MACs drop by this fraction
+    channel_ratio: float | None = setting(None, bound=UNIT_OPEN)  # alternative target: fraction of channels removed
+    importance: str = setting("l1", choices=tuple(IMPORTANCE))
+    round_to: int = setting(8, bound=NON_NEGATIVE)  # pruned channel counts are multiples of this (0: exact)
+    steps: int = setting(1, bound=POSITIVE)  # iterative pruning increments
+    finetune_steps: int = setting(0, bound=NON_NEGATIVE)  # optimizer steps of fine-tuning between increments
+
+
+@dataclass
+class WeightPruneConfig(CompressionConfig):
+    sparsity: float = setting(0.5, bound=UNIT_OPEN)
 
 
 def _classifier(model: nn.Module) -> nn.Module:
     return [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
 
 
-def channel_prune(
-    model: nn.Module,
-    example: torch.Tensor,
-    cfg,
-    *,
-    grad_batch: Callable[[nn.Module], None] | None = None,
-    finetune: Callable[[nn.Module], None] | None = None,
-) -> dict:
+def channel_prune(model: nn.Module, example: torch.Tensor, cfg, *, grad_batch=None, finetune=None) -> dict:
     """Prune output channels until MACs drop by `cfg.flops_reduction` (or channels by
     `cfg.channel_ratio`), in `cfg.steps` increments with `finetune` between them.
     Returns what changed; raises if nothing could be pruned."""
@@ -58,7 +60,7 @@ def channel_prune(
         raise ConfigError(f"compression.channel_ratio={cfg.channel_ratio} must be in (0, 1)")
     if cfg.importance not in IMPORTANCE:
         raise ConfigError(f"compression.importance={cfg.importance!r}; allowed: {', '.join(IMPORTANCE)}")
-    base_macs, base_params = macs(model, example), sum(p.numel() for p in model.parameters())
+    base_macs, base_params = count_macs(model, example), sum(p.numel() for p in model.parameters())
     shapes = {n: m.weight.shape for n, m in model.named_modules() if isinstance(m, nn.Conv2d | nn.Linear)}
     model.eval()
     fine = 100  # pruner increments: small enough to land close to a FLOPs target
@@ -77,17 +79,17 @@ def channel_prune(
             if pruner.current_step >= pruner.iterative_steps:
                 raise ConfigError(
                     f"compression.flops_reduction={cfg.flops_reduction}: reached only "
-                    f"{1 - macs(model, example) / base_macs:.0%} before every prunable channel was used"
+                    f"{1 - count_macs(model, example) / base_macs:.0%} before every prunable channel was used"
                 )
             if cfg.importance == "taylor" and grad_batch is not None:
                 grad_batch(model)
             pruner.step()
-            if goal is None or macs(model, example) <= goal:
+            if goal is None or count_macs(model, example) <= goal:
                 break
         if finetune is not None and k < cfg.steps:
             finetune(model)
             model.eval()
-    after_macs, after_params = macs(model, example), sum(p.numel() for p in model.parameters())
+    after_macs, after_params = count_macs(model, example), sum(p.numel() for p in model.parameters())
     if after_macs >= base_macs:
         raise ConfigError("compression=channel_prune changed nothing: no prunable conv channels found")
     model.zero_grad(set_to_none=True)
@@ -104,12 +106,12 @@ def channel_prune(
     }
 
 
-def structure(model: nn.Module) -> dict[str, int]:
+def record(model: nn.Module) -> dict[str, int]:
     """What shapes in a state dict do not tell: each conv's `groups`."""
     return {name: m.groups for name, m in model.named_modules() if isinstance(m, nn.Conv2d)}
 
 
-def rebuild(model: nn.Module, groups: dict[str, int], state_dict: dict[str, torch.Tensor]) -> None:
+def restore(model: nn.Module, groups: dict[str, int], state_dict: dict[str, torch.Tensor]) -> None:
     """Resize an unpruned model in place to the shapes of a pruned one's state dict."""
     for name, module in model.named_modules():
         for pname, tensor in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
@@ -131,8 +133,25 @@ def rebuild(model: nn.Module, groups: dict[str, int], state_dict: dict[str, torc
             module.out_features, module.in_features = module.weight.shape
 
 
+@COMPRESSION.register(
+    "channel_prune",
+    ChannelPruneConfig,
+    kind="image",
+    ranks_weights=True,
+    structure=("conv_groups", record, restore),
+    order=1,  # shapes are read off the state dict after other methods have replaced modules
+)
+def channel_prune_option(model: nn.Module, cfg, surgery: Surgery) -> dict:
+    return channel_prune(model, surgery.example, cfg, grad_batch=surgery.grad_batch, finetune=surgery.finetune)
+
+
 def _prunable(model: nn.Module) -> list[tuple[nn.Module, str]]:
     return [(m, "weight") for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+
+
+@COMPRESSION.register("weight_prune", WeightPruneConfig, ranks_weights=True, reapply_on_resume=True)
+def weight_prune_option(model: nn.Module, cfg, surgery: Surgery | None = None) -> dict:
+    return weight_prune(model, cfg.sparsity)
 
 
 def weight_prune(model: nn.Module, sparsity: float) -> dict:

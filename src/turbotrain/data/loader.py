@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+from turbotrain.registry import Registry
+from turbotrain.schema import NON_NEGATIVE, POSITIVE, setting
+from turbotrain.seeds import derived_seed
 
 BUCKET_SPAN = 50  # length bucketing sorts windows of this many batches
 
@@ -54,7 +59,7 @@ class EpochSampler(Sampler[int]):
 
     def _indices(self) -> list[int]:
         if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            g = torch.Generator().manual_seed(derived_seed(self.seed, self.epoch))
             order = torch.randperm(self.n, generator=g).tolist()
             if self.lengths is not None:  # a global batch = batch_size from each rank, strided
                 order = bucket_by_length(order, self.lengths, self.batch_size * self.world_size, g)
@@ -79,6 +84,27 @@ def _seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
+LOADERS = Registry("loader")
+
+
+@dataclass
+class LoaderConfig:
+    name: str = "default"
+    num_workers: int = setting(0, bound=NON_NEGATIVE)
+    auto_workers: bool = False  # time training steps with each of auto_candidates at start, keep the fastest
+    auto_candidates: list[int] = setting(bound=NON_NEGATIVE, factory=lambda: [0, 1, 2, 4])
+    pin_memory: bool | None = None  # None: when training on CUDA
+    persistent_workers: bool = True
+    prefetch_factor: int | None = setting(None, bound=POSITIVE)
+
+
+@dataclass
+class TunedLoaderConfig(LoaderConfig):
+    num_workers: int = setting(2, bound=NON_NEGATIVE)
+    auto_workers: bool = True
+    prefetch_factor: int | None = setting(4, bound=POSITIVE)
+
+
 def build_loader(
     dataset: Dataset,
     *,
@@ -93,6 +119,15 @@ def build_loader(
     """`generator` seeds the workers; a loader without one draws that seed from the global
     RNG each time it is iterated, which would shift dropout/augmentation randomness
     between an uninterrupted run and one resumed mid-epoch."""
+    return LOADERS.of(loader_cfg).build(
+        dataset, batch_size, sampler, loader_cfg, device, train, generator=generator, collate_fn=collate_fn
+    )
+
+
+@LOADERS.register("default", LoaderConfig)
+@LOADERS.register("tuned", TunedLoaderConfig)
+def torch_loader(dataset, batch_size, sampler, loader_cfg, device, train, *, generator, collate_fn) -> DataLoader:
+    """torch's DataLoader with the configured workers (loader=tuned: also timed at start, see autotune)."""
     workers = int(loader_cfg.num_workers)
     pin = loader_cfg.pin_memory if loader_cfg.pin_memory is not None else device.type == "cuda"
     kwargs = {}

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from turbotrain.seeds import derived_seed
+
 log = logging.getLogger("turbotrain")
 
 
@@ -26,7 +28,7 @@ class Resolution:
     def __init__(self, data_cfg, nominal: int, total_steps: int, seed: int):
         self.mode, self.nominal, self.total, self.seed = data_cfg.resolution, nominal, max(1, total_steps), seed
         self.lo, self.hi = data_cfg.resolution_scale
-        self.step = data_cfg.resolution_step
+        self.multiple = data_cfg.resolution_step
         self.start = data_cfg.progressive_start
         self.ramp = data_cfg.progressive_from, data_cfg.progressive_until  # bounds: validation.py
 
@@ -43,15 +45,15 @@ class Resolution:
     def size(self, step: int) -> int:
         if self.mode == "fixed":
             return self.nominal
-        rng = random.Random(self.seed * 1_000_003 + step)
-        units = self.nominal * self.scale(step, rng) / self.step
+        rng = random.Random(derived_seed(self.seed, step))
+        units = self.nominal * self.scale(step, rng) / self.multiple
         below = math.floor(units)
         units = below + (rng.random() < units - below)  # stochastic rounding: E[size] follows the schedule
-        return max(self.step, units * self.step)
+        return max(self.multiple, units * self.multiple)
 
     def smallest_size(self) -> int:
         low = {"dynamic": self.lo, "progressive": self.start}.get(self.mode, 1.0)
-        return max(self.step, math.floor(self.nominal * low / self.step + 1e-9) * self.step)  # 1e-9: 96 * (2/3) is 64
+        return max(self.multiple, math.floor(self.nominal * low / self.multiple + 1e-9) * self.multiple)  # 1e-9: 96 * (2/3) is 64
 
     def __call__(self, images: torch.Tensor, step: int) -> torch.Tensor:
         size = self.size(step)

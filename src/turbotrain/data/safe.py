@@ -17,10 +17,10 @@ class DataError(RuntimeError):
 
 class SafeDataset(Dataset):
     """Wraps a dataset so a sample that fails to load becomes None (skip) or a DataError naming
-    it (error). `describe(i)` names sample i (its file path, its line)."""
+    it (error). `name_of(i)` names sample i (its file path, its line)."""
 
-    def __init__(self, dataset: Dataset, policy: str, describe: Callable[[int], str]):
-        self.dataset, self.policy, self.describe = dataset, policy, describe
+    def __init__(self, dataset: Dataset, policy: str, name_of: Callable[[int], str]):
+        self.dataset, self.policy, self.name_of = dataset, policy, name_of
         self.bad = 0  # per process: workers count their own
 
     def __len__(self) -> int:
@@ -30,7 +30,7 @@ class SafeDataset(Dataset):
         try:
             return self.dataset[i]
         except Exception as e:  # decoding errors come from PIL, libjpeg, torchvision.io, ...
-            message = f"bad sample {self.describe(i)}: {type(e).__name__}: {e}"
+            message = f"bad sample {self.name_of(i)}: {type(e).__name__}: {e}"
             if self.policy == "error":
                 raise DataError(message + " (data.on_bad_sample=skip skips such samples)") from e
             self.bad += 1

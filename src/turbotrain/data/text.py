@@ -9,16 +9,47 @@ from __future__ import annotations
 import logging
 import os
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 
-from turbotrain.config import ConfigError
+from turbotrain.data.bundle import DATA, DataBundle, DataCommon
 from turbotrain.data.safe import DataError
-from turbotrain.data.vision import DataBundle
+from turbotrain.schema import POSITIVE, UNIT_OPEN, ConfigError, setting
 
 log = logging.getLogger("turbotrain")
+
+
+@dataclass
+class TextDataConfig(DataCommon):
+    batch_size: int = setting(32, bound=POSITIVE)
+    max_length: int = setting(64, bound=POSITIVE)  # tokens; longer texts are truncated
+
+
+@dataclass
+class WordNetConfig(TextDataConfig):
+    val_fraction: float = setting(0.1, bound=UNIT_OPEN)  # of the definitions, a fixed seeded split
+
+
+@dataclass
+class TextFilesConfig(TextDataConfig):
+    max_length: int = setting(128, bound=POSITIVE)
+    train_path: str | None = None  # required
+    val_path: str | None = None  # required
+    text_column: str = "text"
+    label_column: str = "label"
+
+
+@dataclass
+class HubDataConfig(TextDataConfig):
+    max_length: int = setting(128, bound=POSITIVE)
+    hub_name: str = "ag_news"  # e.g. data.hub_name=ag_news
+    text_column: str = "text"
+    label_column: str = "label"
+
+
 WORDNET = Path("/usr/share/wordnet/data.noun")
 # Lexicographer files of nouns (lexnames(5WN)): six large, distinct topics.
 WORDNET_TOPICS = {4: "act", 5: "animal", 6: "artifact", 10: "communication", 18: "person", 20: "plant"}
@@ -103,34 +134,43 @@ def _split(texts, labels, seed: int, val_fraction: float):
     return ([texts[i] for i in train], [labels[i] for i in train]), ([texts[i] for i in val], [labels[i] for i in val])
 
 
-def _load_files(cfg) -> tuple[tuple[list, list], tuple[list, list], list[str]]:
+def _read_files(cfg):
+    """data=text_files: the user's train/val files through datasets.load_dataset."""
     from datasets import load_dataset
 
-    if cfg.name == "text_files":
-        files = {"train": cfg.train_path, "validation": cfg.val_path}
-        for split, p in files.items():
-            if not p or not Path(os.path.expanduser(p)).is_file():
-                raise ConfigError(f"data.{'train' if split == 'train' else 'val'}_path={p!r}: no such file")
-        ext = Path(cfg.train_path).suffix.lstrip(".")
-        builder = {"csv": "csv", "tsv": "csv", "jsonl": "json", "json": "json", "parquet": "parquet"}.get(ext)
-        if builder is None:
-            raise ConfigError(f"data.train_path={cfg.train_path}: use .csv, .tsv, .jsonl or .parquet")
-        kwargs = {"delimiter": "\t"} if ext == "tsv" else {}
-        if builder != "parquet":  # undecodable bytes: U+FFFD when skipping bad samples, else an error
-            kwargs["encoding_errors"] = "replace" if cfg.on_bad_sample == "skip" else "strict"
-        try:
-            ds = load_dataset(builder, data_files={k: os.path.expanduser(v) for k, v in files.items()}, **kwargs)
-        except Exception as e:  # datasets wraps decoding errors in its own types
-            cause = e.__cause__ or e.__context__ or e
-            raise DataError(
-                f"data.train_path/val_path: cannot read {cfg.train_path} / {cfg.val_path} "
-                f"({type(cause).__name__}: {str(cause).splitlines()[0][:200]}); data.on_bad_sample=skip replaces bad bytes"
-            ) from e
-    else:  # hf_hub
-        try:
-            ds = load_dataset(cfg.hub_name)
-        except Exception as e:  # offline, unknown name, ...
-            raise ConfigError(f"data.hub_name={cfg.hub_name}: could not load it from the hub ({type(e).__name__}: {e})") from e
+    files = {"train": cfg.train_path, "validation": cfg.val_path}
+    for split, p in files.items():
+        if not p or not Path(os.path.expanduser(p)).is_file():
+            raise ConfigError(f"data.{'train' if split == 'train' else 'val'}_path={p!r}: no such file")
+    ext = Path(cfg.train_path).suffix.lstrip(".")
+    builder = {"csv": "csv", "tsv": "csv", "jsonl": "json", "json": "json", "parquet": "parquet"}.get(ext)
+    if builder is None:
+        raise ConfigError(f"data.train_path={cfg.train_path}: use .csv, .tsv, .jsonl or .parquet")
+    kwargs = {"delimiter": "\t"} if ext == "tsv" else {}
+    if builder != "parquet":  # undecodable bytes: U+FFFD when skipping bad samples, else an error
+        kwargs["encoding_errors"] = "replace" if cfg.on_bad_sample == "skip" else "strict"
+    try:
+        return load_dataset(builder, data_files={k: os.path.expanduser(v) for k, v in files.items()}, **kwargs)
+    except Exception as e:  # datasets wraps decoding errors in its own types
+        cause = e.__cause__ or e.__context__ or e
+        raise DataError(
+            f"data.train_path/val_path: cannot read {cfg.train_path} / {cfg.val_path} "
+            f"({type(cause).__name__}: {str(cause).splitlines()[0][:200]}); data.on_bad_sample=skip replaces bad bytes"
+        ) from e
+
+
+def _read_hub(cfg):
+    """data=hf_hub: a dataset from the Hugging Face hub by name (online only)."""
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(cfg.hub_name)
+    except Exception as e:  # offline, unknown name, ...
+        raise ConfigError(f"data.hub_name={cfg.hub_name}: could not load it from the hub ({type(e).__name__}: {e})") from e
+
+
+def _labelled(cfg, ds) -> tuple[tuple[list, list], tuple[list, list], list[str]]:
+    """(texts, label indices) of the train and validation splits of a datasets.DatasetDict."""
     val_split = next((s for s in ("validation", "test") if s in ds), None)
     if "train" not in ds or val_split is None:
         raise ConfigError(f"data: need a train and a validation/test split, found {list(ds)}")
@@ -157,23 +197,30 @@ def _load_files(cfg) -> tuple[tuple[list, list], tuple[list, list], list[str]]:
     return out[0], out[1], raw_labels
 
 
-def build_text(cfg, tokenizer) -> DataBundle:
-    if cfg.name == "wordnet":
-        texts, labels = read_wordnet()
-        train, val = _split(texts, labels, seed=1234, val_fraction=cfg.val_fraction)
-        class_names = [WORDNET_TOPICS[k] for k in sorted(WORDNET_TOPICS)]
-    else:
-        train, val, class_names = _load_files(cfg)
+@DATA.register("wordnet", WordNetConfig, kind="text")
+def wordnet(cfg, tokenizer) -> DataBundle:
+    texts, labels = read_wordnet()
+    train, val = _split(texts, labels, seed=1234, val_fraction=cfg.val_fraction)
+    return _tokenized(cfg, tokenizer, train, val, [WORDNET_TOPICS[k] for k in sorted(WORDNET_TOPICS)])
+
+
+@DATA.register("text_files", TextFilesConfig, kind="text")
+def text_files(cfg, tokenizer) -> DataBundle:
+    return _tokenized(cfg, tokenizer, *_labelled(cfg, _read_files(cfg)))
+
+
+@DATA.register("hf_hub", HubDataConfig, kind="text")
+def hf_hub(cfg, tokenizer) -> DataBundle:
+    return _tokenized(cfg, tokenizer, *_labelled(cfg, _read_hub(cfg)))
+
+
+def _tokenized(cfg, tokenizer, train, val, class_names: list[str]) -> DataBundle:
     datasets = [TokenizedText(_encode(tokenizer, t, cfg.max_length), lab) for t, lab in (train, val)]
     return DataBundle(
         train=datasets[0],
         val=datasets[1],
         train_eval=datasets[0],
         num_classes=len(class_names),
-        in_channels=0,
-        image_size=cfg.max_length,
-        mean=[],
-        std=[],
         class_names=class_names,
         kind="text",
         collate=PadCollate(tokenizer.pad_token_id or 0),

@@ -1,4 +1,4 @@
-"""Image datasets: fashion_mnist, imagenet (ImageFolder layout), digits, synthetic.
+"""In-memory image datasets: fashion_mnist, digits, synthetic, and the image data schema.
 
 Every builder returns a `DataBundle`; images flow as uint8 tensors through
 torchvision transforms v2 and become normalized float32 only at the end.
@@ -9,27 +9,63 @@ from __future__ import annotations
 import gzip
 import logging
 import os
-import re
 import shutil
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import datasets as tvd
 from torchvision import tv_tensors
-from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 
 from turbotrain.atomic import atomic_write
-from turbotrain.config import ConfigError
-from turbotrain.data.augment import build_op, compose, to_float
-from turbotrain.data.safe import SafeDataset, collate_skipping_bad
+from turbotrain.data.augment import build_op, compose
+from turbotrain.data.bundle import DATA, DataBundle, DataCommon
+from turbotrain.schema import POSITIVE, UNIT_OPEN, ConfigError, setting
 
 log = logging.getLogger("turbotrain")
+
+
+@dataclass
+class DataConfig(DataCommon):
+    """Image data. Its defaults are the default dataset's (Fashion-MNIST); other image options
+    subclass it with their own."""
+
+    image_size: int | None = setting(None, bound=POSITIVE)  # None: the dataset's native size
+    resolution: str = setting("fixed", choices=("fixed", "dynamic", "progressive"))  # training only; eval stays nominal
+    resolution_scale: list[float] = setting(bound=POSITIVE, factory=lambda: [0.8, 1.2])  # dynamic: random scale range
+    resolution_step: int = setting(4, bound=POSITIVE)  # sizes are multiples of this
+    progressive_start: float = 0.5  # progressive: scale until progressive_from of training,
+    progressive_from: float = 0.5  # then a linear ramp,
+    progressive_until: float = 0.8  # reaching full size at this fraction of training
+    max_image_pixels: int | None = setting(89_478_485, bound=POSITIVE)  # PIL's limit: larger files are bad samples
+    augment: list[Any] = setting(factory=lambda: [{"name": "RandomHorizontalFlip", "p": 0.5}])
+    mean: list[float] = setting(factory=lambda: [0.2860])
+    std: list[float] = setting(bound=POSITIVE, factory=lambda: [0.3530])
+
+
+@dataclass
+class DigitsConfig(DataConfig):
+    batch_size: int = setting(64, bound=POSITIVE)
+    resolution_step: int = setting(32, bound=POSITIVE)
+    augment: list[Any] = setting(factory=list)
+    mean: list[float] = setting(factory=lambda: [0.3])
+    std: list[float] = setting(bound=POSITIVE, factory=lambda: [0.38])
+    val_fraction: float = setting(0.2, bound=UNIT_OPEN)
+
+
+@dataclass
+class SyntheticConfig(DigitsConfig):
+    image_size: int | None = setting(32, bound=POSITIVE)
+    mean: list[float] = setting(factory=lambda: [0.5])
+    std: list[float] = setting(bound=POSITIVE, factory=lambda: [0.29])
+    num_samples: int = setting(1024, bound=POSITIVE)
+    num_classes: int = setting(10, bound=(2, None, True, False))
+    channels: int = setting(3, bound=POSITIVE)
+
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 FASHION_FILES = (
@@ -38,21 +74,6 @@ FASHION_FILES = (
     "t10k-images-idx3-ubyte",
     "t10k-labels-idx1-ubyte",
 )
-
-
-@dataclass
-class DataBundle:
-    train: Dataset
-    val: Dataset
-    num_classes: int
-    in_channels: int
-    image_size: int
-    mean: list[float]
-    std: list[float]
-    class_names: list[str] = field(default_factory=list)
-    kind: str = "image"
-    train_eval: Dataset | None = None  # training samples with eval transforms (INT8 calibration)
-    collate: Callable | None = None
 
 
 class TensorImageDataset(Dataset):
@@ -126,7 +147,8 @@ def _fashion_raw_dir(cfg) -> Path:
     raise ConfigError("Fashion-MNIST not found; tried: " + "; ".join(tried))
 
 
-def fashion_mnist(cfg) -> DataBundle:
+@DATA.register("fashion_mnist", DataConfig, kind="image")
+def fashion_mnist(cfg, tokenizer=None) -> DataBundle:
     root = str(_fashion_raw_dir(cfg))
     train_ds = tvd.FashionMNIST(root, train=True, download=False)
     val_ds = tvd.FashionMNIST(root, train=False, download=False)
@@ -145,7 +167,8 @@ def fashion_mnist(cfg) -> DataBundle:
     )
 
 
-def digits(cfg) -> DataBundle:
+@DATA.register("digits", DigitsConfig, kind="image")
+def digits(cfg, tokenizer=None) -> DataBundle:
     from sklearn.datasets import load_digits
 
     d = load_digits()
@@ -170,7 +193,8 @@ def digits(cfg) -> DataBundle:
     )
 
 
-def synthetic(cfg) -> DataBundle:
+@DATA.register("synthetic", SyntheticConfig, kind="image")
+def synthetic(cfg, tokenizer=None) -> DataBundle:
     """Random pixels and labels: only for shapes and speed."""
     size = cfg.image_size or 32
     g = torch.Generator().manual_seed(cfg.num_samples)
@@ -193,77 +217,3 @@ def synthetic(cfg) -> DataBundle:
         std=std,
         class_names=[str(i) for i in range(cfg.num_classes)],
     )
-
-
-def _declared_pixels(path: str) -> int:
-    """Width x height from the file's header; nothing is decoded."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        try:
-            with Image.open(path) as im:
-                w, h = im.size
-        except Image.DecompressionBombError as e:  # PIL's own limit (2x its default) came first
-            return int(re.search(r"\((\d+) pixels\)", str(e)).group(1))
-    return w * h
-
-
-class RGBReader:
-    """Decode with torchvision.io (libjpeg-turbo) straight to a uint8 CHW tensor, after reading the
-    size the file declares: a few hundred bytes claiming 60000x60000 pixels would otherwise make
-    the decoder allocate ~10 GB. Such a file is a bad sample (skipped and named, or an error)."""
-
-    def __init__(self, max_pixels: int | None):
-        self.max_pixels = max_pixels
-
-    def __call__(self, path: str) -> torch.Tensor:
-        if self.max_pixels is not None and (pixels := _declared_pixels(path)) > self.max_pixels:
-            raise ValueError(f"declares {pixels} pixels, more than data.max_image_pixels={self.max_pixels}")
-        return tv_tensors.Image(decode_image(path, mode=ImageReadMode.RGB))
-
-
-def imagenet(cfg) -> DataBundle:
-    if not cfg.root or cfg.root == "???":
-        raise ConfigError("data.root is required for data=imagenet (a dir with train/ and val/)")
-    root = Path(os.path.expanduser(cfg.root))
-    for split in ("train", "val"):
-        if not (root / split).is_dir():
-            raise ConfigError(f"data.root={cfg.root}: missing {root / split}/<class>/*.jpg")
-    size = cfg.image_size or 224
-    norm = to_float(cfg.mean, cfg.std)
-    train_tf = compose([v2.RandomResizedCrop(size, antialias=True), *(build_op(a) for a in cfg.augment), *norm])
-    val_tf = compose([v2.Resize(int(round(size / 0.875)), antialias=True), v2.CenterCrop(size), *norm])
-    skip = cfg.on_bad_sample == "skip"
-    reader = RGBReader(cfg.max_image_pixels)
-
-    def folder(split: str, tf) -> tvd.ImageFolder:
-        try:
-            return tvd.ImageFolder(str(root / split), transform=tf, loader=reader, allow_empty=skip)
-        except FileNotFoundError as e:  # an empty class folder, or no images at all
-            raise ConfigError(f"data.root={cfg.root}: {e} (data.on_bad_sample=skip allows empty classes)") from e
-
-    train, val = folder("train", train_tf), folder("val", val_tf)
-    if train.classes != val.classes:
-        raise ConfigError(f"data.root={cfg.root}: train/ and val/ have different class folders")
-    empty = sorted(set(train.classes) - {train.classes[t] for t in train.targets})
-    if empty:
-        log.warning("data.root=%s: class folders with no images in train/: %s", cfg.root, ", ".join(empty))
-    train_eval = folder("train", val_tf)
-
-    def safe(ds: tvd.ImageFolder) -> SafeDataset:
-        return SafeDataset(ds, cfg.on_bad_sample, lambda i: ds.samples[i][0])
-
-    return DataBundle(
-        train=safe(train),
-        val=safe(val),
-        train_eval=safe(train_eval),
-        collate=collate_skipping_bad,
-        num_classes=len(train.classes),
-        in_channels=3,
-        image_size=size,
-        mean=list(cfg.mean),
-        std=list(cfg.std),
-        class_names=list(train.classes),
-    )
-
-
-BUILDERS = {"fashion_mnist": fashion_mnist, "imagenet": imagenet, "digits": digits, "synthetic": synthetic}

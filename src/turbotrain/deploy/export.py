@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import warnings
 from pathlib import Path
@@ -14,17 +13,17 @@ from torch.utils.data import DataLoader
 
 from turbotrain import checkpoint as ckpt_io
 from turbotrain.atomic import atomic_write
-from turbotrain.config import ConfigError
 from turbotrain.data import build_data
 from turbotrain.data.text import PadCollate
 from turbotrain.deploy import report as report_io
-from turbotrain.deploy.quantize import BACKEND, quantize_linear_dynamic, quantize_static, word_embedding_names
-from turbotrain.deploy.script import TextLogits, convert, frozen, interleaved_latency_ms, reload, state_dict_mb
+from turbotrain.deploy.quantize import BACKEND, quantize_for
+from turbotrain.deploy.script import TextLogits, convert, frozen, reload, state_dict_mb
 from turbotrain.models import build_tokenizer_for, from_checkpoint
-from turbotrain.validation import check_bounds
+from turbotrain.schema import ConfigError
+from turbotrain.timing import interleaved_latency_ms
+from turbotrain.validation import check_group
 
 log = logging.getLogger("turbotrain")
-DEPLOYS = ("int8", "int8_dynamic", "fp32")
 NAMED = ("best", "last")
 
 
@@ -130,23 +129,8 @@ def _fastest_torchscript(target, example: tuple, deploy_cfg, kind: str):
     return best, timed, modules[best]
 
 
-def quantize_for(name: str, model: torch.nn.Module, kind: str, calib, example, batches: int):
-    """(model to convert, dtype description) for `deploy.name`; `model` itself is left alone."""
-    if name == "fp32":
-        return model, "float32"
-    if name == "int8" and kind == "image":
-        return quantize_static(copy.deepcopy(model), calib, batches, example), "int8 (static, per-channel weights)"
-    if name == "int8":  # text models: the word embeddings are most of their bytes
-        target = copy.deepcopy(model)
-        target = quantize_linear_dynamic(target, word_embedding_names(target, target.model))
-        return target, "int8 (dynamic Linear layers, weight-only Embeddings)"
-    return quantize_linear_dynamic(copy.deepcopy(model)), "int8 (dynamic, Linear layers)"
-
-
 def export(cfg) -> Path:
-    if cfg.deploy.name not in DEPLOYS:
-        raise ConfigError(f"deploy.name={cfg.deploy.name!r} is not supported; allowed: {', '.join(DEPLOYS)}")
-    check_bounds(cfg, ("deploy",))
+    check_group(cfg, "deploy")
     run_dir = find_run(cfg.run, cfg.outputs_dir, cfg.checkpoint)
     ckpt_path = checkpoint_file(run_dir, cfg.checkpoint)
     export_dir = export_dir_of(run_dir, cfg.deploy.name)

@@ -10,6 +10,9 @@ fixed scales.
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.ao.quantization import (
@@ -20,7 +23,8 @@ from torch.ao.quantization import (
 )
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
-from turbotrain.config import ConfigError
+from turbotrain.registry import Registry
+from turbotrain.schema import NON_NEGATIVE, POSITIVE, ConfigError, setting
 
 BACKEND = "x86"
 
@@ -59,3 +63,46 @@ def word_embedding_names(model: nn.Module, hf_model: nn.Module) -> tuple[str, ..
     emb = hf_model.get_input_embeddings()
     tables = {id(m) for m in emb.modules() if isinstance(m, nn.Embedding)}
     return tuple(name for name, m in model.named_modules() if id(m) in tables)
+
+
+DEPLOY = Registry("deploy")
+
+
+@dataclass
+class DeployConfig:
+    name: str = "int8"
+    calibration_batches: int = setting(0, bound=NON_NEGATIVE)  # batches of training images for static INT8
+    val_batches: int | None = setting(None, bound=POSITIVE)  # None: the whole validation split
+    latency_repeats: int = setting(30, bound=POSITIVE)
+    threads: int | None = setting(None, bound=POSITIVE)  # None: torch's default
+
+
+@dataclass
+class StaticInt8Config(DeployConfig):
+    calibration_batches: int = setting(32, bound=NON_NEGATIVE)
+
+
+def quantize_for(name: str, model: nn.Module, kind: str, calib, example, batches: int) -> tuple[nn.Module, str]:
+    """(model to convert, dtype description) for deploy option `name`; `model` itself is left alone."""
+    return DEPLOY[name].build(model, kind, calib, example, batches)
+
+
+@DEPLOY.register("fp32", DeployConfig)
+def fp32(model: nn.Module, kind: str, calib, example, batches: int) -> tuple[nn.Module, str]:
+    return model, "float32"
+
+
+@DEPLOY.register("int8", StaticInt8Config)
+def int8(model: nn.Module, kind: str, calib, example, batches: int) -> tuple[nn.Module, str]:
+    """Static INT8 for CNNs; transformers get dynamic INT8 Linear layers and weight-only INT8
+    word embeddings (most of their bytes)."""
+    target = copy.deepcopy(model)
+    if kind == "image":
+        return quantize_static(target, calib, batches, example), "int8 (static, per-channel weights)"
+    target = quantize_linear_dynamic(target, word_embedding_names(target, target.model))
+    return target, "int8 (dynamic Linear layers, weight-only Embeddings)"
+
+
+@DEPLOY.register("int8_dynamic", DeployConfig)
+def int8_dynamic(model: nn.Module, kind: str, calib, example, batches: int) -> tuple[nn.Module, str]:
+    return quantize_linear_dynamic(copy.deepcopy(model)), "int8 (dynamic, Linear layers)"

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import torch
 
-from turbotrain.atomic import atomic_write_text
+from turbotrain.atomic import atomic_write_dir, atomic_write_text
 from turbotrain.deploy.quantize import BACKEND
-from turbotrain.deploy.script import KeywordInputs, interleaved_latency_ms
+from turbotrain.deploy.script import KeywordInputs
 from turbotrain.loop import evaluate
 from turbotrain.precision import FP32_CPU as FP32
+from turbotrain.timing import interleaved_latency_ms
 
 CPU = torch.device("cpu")
 TOKENIZER = "tokenizer"  # text exports: the tokenizer's files, in this folder of the export
@@ -97,11 +96,7 @@ def _figures(r: dict) -> str:
 def save_tokenizer(tokenizer, folder: Path) -> None:
     """The tokenizer beside the model, so the export folder ships alone; replaced whole, so a
     killed export never leaves a mix of two tokenizers."""
-    temp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(temp, ignore_errors=True)
-    tokenizer.save_pretrained(temp)
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(temp, folder)
+    atomic_write_dir(folder, tokenizer.save_pretrained)
 
 
 def _call(spec: dict) -> str:

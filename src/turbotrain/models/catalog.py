@@ -1,0 +1,51 @@
+"""The model registry: which architectures exist, what data each takes, and `build_for`, which
+builds the configured one for a dataset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from turbotrain.registry import Registry
+from turbotrain.schema import UNIT_HALF_OPEN, setting
+
+MODELS = Registry("model")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "small_cnn"
+    pretrained: bool = False
+    dropout: float | None = setting(None, bound=UNIT_HALF_OPEN)  # None: the architecture's default
+
+
+@dataclass
+class Shape:
+    """What a builder needs to know about the data: classes, and image channels or text length."""
+
+    num_classes: int
+    in_channels: int = 0  # images
+    max_length: int = 0  # text: tokens
+    vocab_size: int = 0  # text: the tokenizer's
+
+
+def kind_of(model_cfg) -> str:
+    """image or text: the data the configured model takes."""
+    return MODELS.of(model_cfg).kind
+
+
+def build_tokenizer_for(model_cfg, max_length: int):
+    """The tokenizer of a text model; None for image models."""
+    if kind_of(model_cfg) != "text":
+        return None
+    from turbotrain.models.text import build_tokenizer  # transformers loads only for text runs
+
+    return build_tokenizer(model_cfg, max_length)
+
+
+def build_for(model_cfg, data, tokenizer, max_length: int) -> nn.Module:
+    """The configured model for `data` (a DataBundle); refuses a model for the other kind of data."""
+    option = MODELS.check_fits(model_cfg, data.kind)
+    shape = Shape(data.num_classes, data.in_channels, max_length, len(tokenizer) if tokenizer is not None else 0)
+    return option.build(model_cfg, shape)

@@ -1,0 +1,59 @@
+"""A trained model's architecture record (saved in every checkpoint as `arch`), and the way back:
+rebuilding the exact architecture, compressed modules included, from a checkpoint alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from torch import nn
+
+from turbotrain.attention import apply_attention
+from turbotrain.checkpoint import CheckpointError, load_model_state
+from turbotrain.compression import record_structure, restore_structure
+from turbotrain.models.catalog import MODELS, Shape
+
+
+def architecture(cfg, data, model: nn.Module) -> dict:
+    """What a checkpoint needs to rebuild `model` without the run's code paths: plain values only."""
+    arch = {
+        "kind": data.kind,
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "num_classes": data.num_classes,
+        "in_channels": data.in_channels,
+        "image_size": data.image_size,
+        "mean": data.mean,
+        "std": data.std,
+        "class_names": data.class_names,
+        **record_structure(model),
+    }
+    if data.kind == "text":
+        from turbotrain.models.text import model_path  # transformers: text runs only
+
+        arch.update(
+            max_length=cfg.data.max_length,
+            vocab_size=model.config.vocab_size,
+            attention=OmegaConf.to_container(cfg.attention, resolve=True),
+            tokenizer=model_path(cfg.model),
+        )
+    return arch
+
+
+def load_weights(model: nn.Module, ckpt: dict, path: str | Path) -> None:
+    """Load a checkpoint's weights, first giving the model that run's compressed structure."""
+    restore_structure(model, ckpt["arch"], ckpt["model"])
+    load_model_state(model, ckpt["model"], path)
+
+
+def from_checkpoint(ckpt: dict, path: str | Path) -> nn.Module:
+    """The trained architecture, rebuilt from the checkpoint alone, in eval mode."""
+    if "arch" not in ckpt:
+        raise CheckpointError(f"checkpoint {path} has no arch entry: it was not written by a turbotrain run")
+    arch = ckpt["arch"]
+    model_cfg = OmegaConf.create(arch["model"])
+    shape = Shape(arch["num_classes"], arch["in_channels"], arch.get("max_length", 0), arch.get("vocab_size", 0))
+    model = MODELS.check_fits(model_cfg, arch["kind"]).build(model_cfg, shape)
+    if arch["kind"] == "text":
+        apply_attention(model, OmegaConf.create({**arch["attention"], "checkpointing": False}))
+    load_weights(model, ckpt, path)
+    return model.eval()
