@@ -208,6 +208,7 @@ SPECIFIC = {
     ("sched", "cosine"): lambda b: (lambda lr: lr == sorted(lr) and lr[0] < lr[-1])(_lrs(b)),  # warm-up: 19 of 20 steps
     ("sched", "cyclic"): lambda b: type(b["sched"]).__name__ == "CyclicLR",
     ("sched", "onecycle"): lambda b: type(b["sched"]).__name__ == "OneCycleLR",
+    ("sched", "exponential"): lambda b: (lambda lr: lr[5] == pytest.approx(0.9 * lr[0]) and lr[7] < lr[6])(_lrs(b)),
     ("sched", "step"): lambda b: (lambda lr: lr[5] == pytest.approx(0.1 * lr[4]))(_lrs(b)),
 }
 

@@ -43,7 +43,7 @@ def test_default_run_dirs_are_unique():
     assert len(dirs) == 3
 
 
-@pytest.mark.parametrize("sched", ["cosine", "onecycle"])
+@pytest.mark.parametrize("sched", ["cosine", "onecycle", "exponential"])
 def test_extending_a_run_follows_the_longer_schedule(sched, tmp_path):
     """Resuming a 2-epoch run with max_epochs=4 gives, at every step after the resume, the LR an
     uninterrupted 4-epoch run has there (cosine: never 0 before the end)."""

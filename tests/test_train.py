@@ -139,6 +139,7 @@ LR_CURVES = {
     ),
     "step": (["sched=step", "sched.step_epochs=1", "sched.gamma=0.1"], lambda k: 0.1 ** (k // 10)),
     "cyclic": (["sched=cyclic", "sched.cycle_epochs=1", "sched.base_lr_ratio=0.1"], _cyclic),
+    "exponential": (["sched=exponential", "sched.gamma=0.5"], lambda k: 0.5 ** (k / 10)),
     "none": (["sched=none"], lambda k: 1.0),
 }
 

@@ -111,3 +111,24 @@ def cyclic(optimizer, c, optim_cfg, horizon: Horizon) -> LRScheduler:
         step_size_up=max(1, int(c.cycle_epochs * horizon.steps_per_epoch / 2)),
         cycle_momentum=optimizer.defaults.get("momentum", 0) > 0,  # optimizers without momentum: none to cycle
     )
+
+
+@dataclass
+class ExponentialConfig(SchedConfig):
+    gamma: float = setting(0.9, bound=(0, 1, False, True))  # LR factor per epoch, applied smoothly per step
+
+
+class ExponentialDecay:
+    """lr * gamma ** (step / steps_per_epoch): torch's ExponentialLR multiplies the LR it last
+    set, this is closed form, so a resumed or extended run continues the same curve."""
+
+    def __init__(self, gamma: float, steps_per_epoch: int):
+        self.gamma, self.steps_per_epoch = gamma, steps_per_epoch
+
+    def __call__(self, step: int) -> float:
+        return self.gamma ** (step / self.steps_per_epoch)
+
+
+@SCHEDULES.register("exponential", ExponentialConfig)
+def exponential(optimizer, c, optim_cfg, horizon: Horizon) -> LRScheduler:
+    return LambdaLR(optimizer, ExponentialDecay(c.gamma, horizon.steps_per_epoch))
