@@ -182,6 +182,9 @@ SPECIFIC = {
     ("distributed", "ddp"): lambda b: (b["cfg"].distributed.nproc, b["cfg"].distributed.backend) == (2, "auto"),
     ("experiment", "resnet18_fashion"): lambda b: "BasicBlock" in _modules(b["model"]) and b["cfg"].data.image_size == 64,
     ("hparams_search", "optuna"): lambda b: "optuna" in _hydra("optuna").sweeper._target_,
+    ("hparams_search", "random"): lambda b: (
+        lambda h: (h.sweeper.sampler._target_, h.sweeper.sampler.seed) == ("optuna.samplers.RandomSampler", 0)
+    )(_hydra("random")),
     ("loader", "default"): lambda b: (b["loader"].num_workers, b["loader"].prefetch_factor) == (0, None),
     ("loader", "tuned"): lambda b: (
         (b["loader"].num_workers, b["loader"].prefetch_factor, b["loader"].persistent_workers) == (2, 4, True)

@@ -69,11 +69,12 @@ def test_optuna_trial_that_fails_is_reported_and_the_study_goes_on(tmp_path):
     assert "best_value" in (sweep / "optimization_results.yaml").read_text()
 
 
-def test_optuna_search_runs_four_trials(tmp_path):
+@pytest.mark.parametrize("search", ["optuna", pytest.param("random", marks=pytest.mark.slow)])
+def test_optuna_search_runs_four_trials(search, tmp_path):
     sweep = tmp_path / "optuna"
     r = run_cli(
         "train.py",
-        "hparams_search=optuna",
+        f"hparams_search={search}",
         "hydra.sweeper.n_trials=4",
         *QUICK,
         f"hydra.sweep.dir={sweep}",
