@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from turbotrain.autotune import KNOBS
+from turbotrain.registry import REGISTRIES, load_all
 from turbotrain.schema import NON_NEGATIVE, POSITIVE, ConfigError, setting
 
 __all__ = ["ConfigError", "ExportConfig", "TrainConfig", "TrainerConfig", "register_configs"]
@@ -91,11 +92,8 @@ def check_group_options(argv: list[str], conf_dir: Path) -> str | None:
 
 
 def registries() -> dict:
-    """Every config group's registry, filled: importing the concept modules registers their options."""
-    from turbotrain import attention, compression, data, distributed, models, optim, precision, profiling, sched, tracking  # noqa: F401
-    from turbotrain.deploy import quantize  # noqa: F401
-    from turbotrain.registry import REGISTRIES
-
+    """Every config group's registry, filled."""
+    load_all()
     return REGISTRIES
 
 

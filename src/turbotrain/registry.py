@@ -6,6 +6,8 @@ compatibility checks all read these registries; nothing else lists option names.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,12 +59,14 @@ class Registry:
         return add
 
     def __getitem__(self, name: str) -> Option:
+        load_all()
         option = self.options.get(name) or next((o for o in self if o.answers(name)), None)
         if option is None:
             raise ConfigError(f"{self.group}.name={name!r} is not supported; allowed: {', '.join(self.described())}")
         return option
 
     def __iter__(self) -> Iterator[Option]:
+        load_all()
         return iter(self.options.values())
 
     def described(self, mark_text: bool = False) -> list[str]:
@@ -109,3 +113,17 @@ class Registry:
 
 
 REGISTRIES: dict[str, Registry] = {}
+_loaded = False
+
+
+def load_all() -> None:
+    """Import every turbotrain module once. An option registers when its module is imported, so
+    a new option's module joins no list; lookups call this, so no caller can miss an option."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True  # first, so a lookup made while these imports run does not start over
+    import turbotrain
+
+    for module in pkgutil.walk_packages(turbotrain.__path__, "turbotrain."):
+        importlib.import_module(module.name)
