@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -9,7 +11,9 @@ from omegaconf import OmegaConf
 from conftest import TINY, make_cfg
 from turbotrain.checkpoint import load
 from turbotrain.compression import prune
+from turbotrain.compression.conv_lowrank import factorize_conv
 from turbotrain.config import ConfigError
+from turbotrain.data import build_data
 from turbotrain.models import build_model, from_checkpoint
 from turbotrain.modules import count_macs
 from turbotrain.pipeline import train
@@ -124,3 +128,35 @@ def test_weight_prune_run_keeps_sparsity_through_fine_tuning(tmp_path):
     )
     model = from_checkpoint(load(run / "checkpoints" / "last.pt"), "x")
     assert prune.sparsity_report(model)["sparsity"] == pytest.approx(0.7, abs=1e-3)
+
+
+@pytest.mark.parametrize("stride, padding, dilation", [(1, 1, 1), (2, 0, 1), (1, 2, 2)])
+def test_conv_lowrank_at_full_rank_equals_the_conv(stride, padding, dilation):
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(6, 10, 3, stride=stride, padding=padding, dilation=dilation).eval()
+    x = torch.randn(2, 6, 17, 17)
+    full = factorize_conv(conv, min(10, 6 * 9)).eval()
+    torch.testing.assert_close(full(x), conv(x), rtol=1e-4, atol=1e-5)
+    low = factorize_conv(conv, 3).eval()  # truncated: close to, not equal to, the conv
+    assert 0 < (low(x) - conv(x)).abs().max() < conv(x).abs().max()
+
+
+def test_conv_lowrank_cuts_macs_and_survives_checkpoint_and_resume(tmp_path):
+    base = tmp_path / "base"
+    train(make_cfg(*TINY, "model.width=16", "trainer.max_epochs=1"), base)
+    run = tmp_path / "lowrank"
+    common = (*TINY, "model.width=16", "compression=conv_lowrank", "compression.rank_ratio=0.25", f"compression.from_run={base}")
+    train(make_cfg(*common, "trainer.max_epochs=1"), run)
+    ckpt = load(run / "checkpoints" / "last.pt")
+    report = json.loads((run / "summary.json").read_text())["compression"]
+    assert report["macs_after"] < 0.7 * report["macs_before"] and report["params_after"] < report["params_before"]
+    assert ckpt["arch"]["conv_lowrank"] == report["ranks"]
+    model = from_checkpoint(ckpt, "last.pt")  # the factorized shapes, rebuilt from the checkpoint alone
+    assert count_macs(model, torch.zeros(1, 1, 8, 8)) == report["macs_after"]
+    data = build_data(make_cfg(*TINY).data)
+    x, y = data.collate([data.val[i] for i in range(len(data.val))])
+    with torch.no_grad():
+        acc = (model(x).argmax(1) == y).float().mean().item()
+    assert acc == pytest.approx(ckpt["metrics"]["val_acc1"], abs=1e-6)  # rebuilt model == the run's eval
+    train(make_cfg(*common, "trainer.max_epochs=2", "trainer.resume=auto"), run)
+    assert load(run / "checkpoints" / "last.pt")["state"]["epoch"] == 2

@@ -159,6 +159,15 @@ def _weight_prune(b):
     return weight_prune(b["model"], b["cfg"].compression.sparsity)["sparsity"]
 
 
+def _conv_lowrank(b) -> float:
+    """MACs reduction of conv_lowrank at its default rank ratio on the default model."""
+    from turbotrain.compression import COMPRESSION
+    from turbotrain.compression.compress import Surgery
+
+    option = COMPRESSION["conv_lowrank"]
+    return option.build(b["model"].eval(), b["cfg"].compression, Surgery(torch.randn(1, 3, 32, 32)))["macs_reduction"]
+
+
 def _hydra(option):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("train", overrides=[f"hparams_search={option}"], return_hydra_config=True).hydra
@@ -169,6 +178,7 @@ SPECIFIC = {
     ("compression", "none"): lambda b: apply_compression(b["model"], b["cfg"].compression, example=None, evaluate=None) is None,
     ("compression", "channel_prune"): lambda b: 0.3 <= _channel_prune(b) < 0.6,
     ("compression", "weight_prune"): lambda b: abs(_weight_prune(b) - 0.5) < 0.01,
+    ("compression", "conv_lowrank"): lambda b: 0.5 < _conv_lowrank(b) < 0.9,
     ("data", "fashion_mnist"): lambda b: (
         (b["data"].in_channels, b["image"].shape[-1], b["data"].class_names[0]) == (1, 28, "T-shirt/top")
     ),
