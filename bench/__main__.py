@@ -18,6 +18,7 @@ BENCHES = {  # CPU sizes: minutes each on 2 cores
     "autotune": ("autotune", "run", {}),
     "resolution": ("resolution", "run", {}),
     "prune": ("prune", "run", {}),  # reads two of the recipes' runs
+    "conv_lowrank": ("prune", "run", {"name": "conv_lowrank"}),  # and this one, a third
     "attention": ("attention", "run", {}),
     "overhead": ("overhead", "run", {}),
 }

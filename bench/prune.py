@@ -1,11 +1,14 @@
-"""Channel pruning: FLOPs, accuracy and batch-32 CPU latency of a run against its pruned run.
+"""Compression: FLOPs, accuracy and batch-32 CPU latency of a run against its compressed run
+(`prune`: channel_prune; `conv_lowrank`: the conv factorization).
 
-Reads two runs of the recipes bench (`python -m bench.recipes resnet18_fashion resnet18_pruned`).
+Reads runs of the recipes bench (`python -m bench.recipes resnet18_fashion resnet18_pruned
+resnet18_conv_lowrank`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -17,7 +20,12 @@ from turbotrain.models import from_checkpoint
 from turbotrain.modules import count_macs
 from turbotrain.timing import interleaved_latency_ms
 
-BASE, PRUNED = RUNS / "resnet18_fashion", RUNS / "resnet18_pruned"
+BASE = RUNS / "resnet18_fashion"
+# result file -> (the compressed run, what the row compares, the seed's claim)
+COMPRESSED = {
+    "prune": (RUNS / "resnet18_pruned", "channel_prune", "40% FLOPs cut, 99% accuracy kept"),
+    "conv_lowrank": (RUNS / "resnet18_conv_lowrank", "conv_lowrank (rank_ratio 0.25)", "-"),
+}
 
 
 def figures(result: dict) -> list[dict]:
@@ -32,7 +40,8 @@ def figures(result: dict) -> list[dict]:
     ]
 
 
-def run(base: Path = BASE, pruned: Path = PRUNED, repeats: int = 15) -> Path:
+def run(name: str = "prune", base: Path = BASE, repeats: int = 15) -> Path:
+    pruned, method, claim = COMPRESSED[name]
     for d in (base, pruned):
         if not (d / "checkpoints" / "best.pt").is_file():
             raise SystemExit(f"bench prune: {d}/checkpoints/best.pt missing; {__doc__.splitlines()[2]}")
@@ -53,13 +62,13 @@ def run(base: Path = BASE, pruned: Path = PRUNED, repeats: int = 15) -> Path:
     }
     rows = [
         {
-            "what": f"channel_prune resnet18 @{arch['image_size']}px Fashion-MNIST, 1 fine-tune epoch",
-            "seed": "40% FLOPs cut, 99% accuracy kept",
+            "what": f"{method} resnet18 @{arch['image_size']}px Fashion-MNIST, 1 fine-tune epoch",
+            "seed": claim,
             **figures(payload)[0],
         }
     ]
-    return write("prune", {**payload, "rows": rows})
+    return write(name, {**payload, "rows": rows})
 
 
 if __name__ == "__main__":
-    print(run())
+    print(run(*sys.argv[1:]))

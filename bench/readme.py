@@ -40,7 +40,7 @@ def _train_cell(t: dict) -> str:
     c = t.get("compression")
     if c and c.get("macs_before"):
         text += (
-            f"; pruned {c['macs_before'] / 1e6:.0f}M -> {c['macs_after'] / 1e6:.0f}M MACs "
+            f"; {c['method']}: {c['macs_before'] / 1e6:.0f}M -> {c['macs_after'] / 1e6:.0f}M MACs "
             f"({1 - c['macs_after'] / c['macs_before']:.0%} fewer)"
         )
     return text
@@ -80,6 +80,7 @@ def recipes(results: Path) -> str:
 FIGURES = {
     "inference": ("inference", "figures"),
     "prune": ("prune", "figures"),
+    "conv_lowrank": ("prune", "figures"),
     "overhead": ("overhead", "figures"),
     "loader": ("loader", "figures"),
     "autotune": ("autotune", "figures"),

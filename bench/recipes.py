@@ -4,7 +4,7 @@ into bench/results/recipes.json; the README's main table is generated from that 
 
 `python -m bench recipes` runs all (about 35 minutes on 2 CPU cores); `python -m bench.recipes
 NAME ...` reruns some and keeps the others' entries. Run dirs stay in outputs/bench/<name>/
-(the prune bench reads two of them).
+(the compression benches read three of them).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from bench.common import RESULTS, ROOT, hardware, write
 
 RUNS = ROOT / "outputs" / "bench"
 
-# name -> (what the README calls it, train.py overrides); order matters: the pruned run starts
-# from the resnet18 run.
+# name -> (what the README calls it, train.py overrides); order matters: the pruned and the
+# factorized runs start from the resnet18 run.
 RECIPES = {
     "default": ("`python train.py` (defaults)", []),
     "resnet18_fashion": ("`python train.py experiment=resnet18_fashion`", ["experiment=resnet18_fashion"]),
@@ -30,6 +30,15 @@ RECIPES = {
         [
             "experiment=resnet18_fashion",
             "compression=channel_prune",
+            f"compression.from_run={(RUNS / 'resnet18_fashion').relative_to(ROOT)}",
+            "trainer.max_epochs=1",
+        ],
+    ),
+    "resnet18_conv_lowrank": (
+        "or `compression=conv_lowrank compression.from_run=<that run> trainer.max_epochs=1`",
+        [
+            "experiment=resnet18_fashion",
+            "compression=conv_lowrank",
             f"compression.from_run={(RUNS / 'resnet18_fashion').relative_to(ROOT)}",
             "trainer.max_epochs=1",
         ],
