@@ -87,6 +87,19 @@ def _seed_worker(worker_id: int) -> None:
 LOADERS = Registry("loader")
 
 
+class PerSample(Dataset):
+    """A dataset seen one sample at a time (loader.batched=false): hides its `__getitems__`."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int):
+        return self.dataset[i]
+
+
 @dataclass
 class LoaderConfig:
     name: str = "default"
@@ -96,6 +109,7 @@ class LoaderConfig:
     pin_memory: bool | None = None  # None: when training on CUDA
     persistent_workers: bool = True
     prefetch_factor: int | None = setting(None, bound=POSITIVE)
+    batched: bool = True  # a batch is one index into datasets that can (in-memory images); false: per sample
 
 
 @dataclass
@@ -129,6 +143,8 @@ def build_loader(
 def torch_loader(dataset, batch_size, sampler, loader_cfg, device, train, *, generator, collate_fn) -> DataLoader:
     """torch's DataLoader with the configured workers (loader=tuned: also timed at start, see autotune)."""
     workers = int(loader_cfg.num_workers)
+    if not loader_cfg.batched and getattr(dataset, "__getitems__", None):
+        dataset = PerSample(dataset)
     pin = loader_cfg.pin_memory if loader_cfg.pin_memory is not None else device.type == "cuda"
     kwargs = {}
     if workers > 0:

@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import Dataset
@@ -23,6 +23,7 @@ from torchvision.transforms import v2
 
 from turbotrain.atomic import atomic_write
 from turbotrain.data.augment import build_op, compose
+from turbotrain.data.batched import batch_pipeline, ops_of
 from turbotrain.data.bundle import DATA, DataBundle, DataCommon
 from turbotrain.schema import POSITIVE, UNIT_OPEN, ConfigError, setting
 
@@ -76,14 +77,23 @@ FASHION_FILES = (
 )
 
 
+class ImageBatch(NamedTuple):
+    """A whole batch taken from a tensor store: uint8 images [N, C, H, W] and labels [N]."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+
 class TensorImageDataset(Dataset):
-    """In-memory uint8 images [N, C, H, W] with a per-sample uint8 transform (augmentation);
-    `NormalizeCollate` turns whole batches into normalized float32."""
+    """In-memory uint8 images [N, C, H, W] with a uint8 transform (augmentation). The loader
+    takes a batch with one index into the store (`__getitems__`) and augments it as a batch
+    (data/batched.py); `NormalizeCollate` turns it into normalized float32."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Callable):
         self.images, self.labels = images, labels
         # no per-sample work to do: skip transforms v2's dispatch (~2 % of a small model's step)
         self.transform = None if isinstance(transform, v2.Identity) else transform
+        self.batch_transform = batch_pipeline(ops_of(transform))
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -93,18 +103,27 @@ class TensorImageDataset(Dataset):
             return self.images[i], int(self.labels[i])
         return self.transform(tv_tensors.Image(self.images[i])).as_subclass(torch.Tensor), int(self.labels[i])
 
+    def __getitems__(self, indices: list[int]) -> ImageBatch:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        images = self.images[index]
+        return ImageBatch(self.batch_transform(images) if self.batch_transform else images, self.labels[index])
+
 
 class NormalizeCollate:
-    """Stacks uint8 samples and normalizes the batch in one vectorized step: per-sample
-    ToDtype/Normalize cost more than the model on small images (Fashion-MNIST)."""
+    """Normalizes a batch in one vectorized step (per-sample ToDtype/Normalize cost more than the
+    model on small images); takes an ImageBatch, or a list of (image, label) samples."""
 
     def __init__(self, mean: list[float], std: list[float]):
         self.mean = torch.tensor(mean).view(1, -1, 1, 1)
         self.std = torch.tensor(std).view(1, -1, 1, 1) * 255.0
 
     def __call__(self, batch):
-        images = torch.stack([b[0] for b in batch]).float()
-        return (images - self.mean * 255.0) / self.std, torch.tensor([b[1] for b in batch])
+        if isinstance(batch, ImageBatch):
+            images, labels = batch.images.float(), batch.labels
+        else:
+            images, labels = torch.stack([b[0] for b in batch]).float(), torch.tensor([b[1] for b in batch])
+        mean, std = self.mean.to(images.device), self.std.to(images.device)
+        return (images - mean * 255.0) / std, labels
 
 
 def _tensor_pipelines(cfg, native_size: int) -> tuple[v2.Compose, v2.Compose, int]:

@@ -2,7 +2,7 @@
 saved run's exact architecture (saved)."""
 
 from turbotrain.models import text, vision  # each registers its architectures in MODELS
-from turbotrain.models.catalog import MODELS, ModelConfig, Shape, build_for, build_tokenizer_for, kind_of
+from turbotrain.models.catalog import MODELS, ModelConfig, Shape, build_for, build_tokenizer_for
 from turbotrain.models.saved import architecture, from_checkpoint, load_weights
 from turbotrain.models.vision import build_model
 
@@ -15,7 +15,6 @@ __all__ = [
     "build_model",
     "build_tokenizer_for",
     "from_checkpoint",
-    "kind_of",
     "load_weights",
     "text",
     "vision",

@@ -30,14 +30,9 @@ class Shape:
     vocab_size: int = 0  # text: the tokenizer's
 
 
-def kind_of(model_cfg) -> str:
-    """image or text: the data the configured model takes."""
-    return MODELS.of(model_cfg).kind
-
-
 def build_tokenizer_for(model_cfg, max_length: int):
     """The tokenizer of a text model; None for image models."""
-    if kind_of(model_cfg) != "text":
+    if MODELS.of(model_cfg).kind != "text":
         return None
     from turbotrain.models.text import build_tokenizer  # transformers loads only for text runs
 

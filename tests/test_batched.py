@@ -1,0 +1,64 @@
+"""Whole-batch indexing of in-memory images: one index into the tensor store per batch and
+augmentation per batch must give exactly the per-sample path's batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+
+from conftest import make_cfg
+from turbotrain.data import build_data
+from turbotrain.data.batched import batch_pipeline
+from turbotrain.data.loader import EpochSampler, build_loader
+
+
+def _batches(cfg, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    data = build_data(cfg.data)
+    torch.manual_seed(7)  # the augmentation draws come from the global RNG (0 workers)
+    loader = build_loader(
+        data.train,
+        batch_size=64,
+        sampler=EpochSampler(len(data.train), 0),
+        loader_cfg=cfg.loader,
+        device=torch.device("cpu"),
+        train=True,
+        generator=torch.Generator().manual_seed(1),
+        collate_fn=data.collate,
+    )
+    out = []
+    for x, y in loader:
+        out.append((x, y))
+        if len(out) == n:
+            return out
+    return out
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        (),  # Fashion-MNIST with its flip: the default run
+        ("data=digits", "data.image_size=16", "data.augment=[{name: RandomVerticalFlip, p: 0.3}]"),
+        ("data=synthetic", "data.num_samples=256"),
+    ],
+    ids=["fashion_mnist", "digits_resize_vflip", "synthetic"],
+)
+def test_batched_loader_gives_the_per_sample_batches(overrides):
+    batched = _batches(make_cfg(*overrides))
+    per_sample = _batches(make_cfg(*overrides, "loader.batched=false"))
+    assert len(batched) == len(per_sample) > 0
+    for (xb, yb), (xs, ys) in zip(batched, per_sample, strict=True):
+        assert torch.equal(yb, ys) and torch.equal(xb, xs)
+
+
+def test_ops_without_a_batch_form_run_per_sample_with_the_same_draws():
+    images = torch.randint(0, 256, (8, 3, 12, 12), dtype=torch.uint8)
+    ops = [v2.RandomHorizontalFlip(0.5), v2.RandomRotation(30)]
+    torch.manual_seed(3)
+    batched = batch_pipeline(ops)(images)
+    torch.manual_seed(3)  # per sample: flip draws for all samples first, then the rotations
+    flipped = batch_pipeline(ops[:1])(images)
+    rotated = torch.stack([ops[1](tv_tensors.Image(i)).as_subclass(torch.Tensor) for i in flipped])
+    assert torch.equal(batched, rotated)
+    assert not torch.equal(batched, images)
