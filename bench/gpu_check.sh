@@ -28,6 +28,34 @@ timeout 150 python train.py data=synthetic data.image_size=160 data.num_samples=
     model=resnet50 precision=amp trainer.autotune=true 'loader.auto_candidates=[0,4,8]' \
     trainer.max_epochs=1 trainer.progress_bar=false hydra.run.dir="$run_dir/autotune" | grep -A8 "trainer.autotune" || true
 
-echo "== 3. benchmarks at GPU sizes"
+echo "== 3. data.decode=gpu (nvJPEG batches) against data.decode=cpu on a JPEG tree, resnet18 @128 px"
+python - "$run_dir/jpegs" <<'PY'
+import sys, torch
+from pathlib import Path
+from torchvision.io import encode_jpeg
+root = Path(sys.argv[1])
+g = torch.Generator().manual_seed(0)
+for split, n in (("train", 512), ("val", 64)):
+    for c in range(4):
+        d = root / split / f"c{c}"
+        d.mkdir(parents=True)
+        for i in range(n // 4):
+            base = torch.randint(0, 256, (3, 12, 16), generator=g, dtype=torch.uint8)
+            img = torch.nn.functional.interpolate(base[None].float(), size=(300, 400), mode="bilinear")[0]
+            img[c % 3] = (img[c % 3] * 0.5 + 120).clamp(0, 255)  # a class is a colour cast
+            (d / f"{i:04d}.jpg").write_bytes(encode_jpeg(img.to(torch.uint8), quality=90).numpy().tobytes())
+PY
+for decode in cpu gpu; do
+  timeout 120 python train.py data=imagenet data.root="$run_dir/jpegs" data.image_size=128 data.batch_size=64 \
+      data.decode=$decode model=resnet18 precision=amp trainer.max_epochs=2 trainer.progress_bar=false \
+      hydra.run.dir="$run_dir/decode_$decode"
+  python - "$run_dir/decode_$decode/summary.json" "$decode" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print("decode", sys.argv[2], {k: s[k] for k in ("best_val_acc1", "samples_per_s", "data_wait_frac", "bad_samples")})
+PY
+done
+
+echo "== 4. benchmarks at GPU sizes"
 timeout 300 python -m bench --gpu precision loader overhead text_precision || echo "bench: stopped (time limit or error)"
 ls -l bench/results/gpu/

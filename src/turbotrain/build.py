@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -112,7 +113,10 @@ def _loaders(cfg, data: DataBundle, info: dist.DistInfo, device: torch.device) -
     steps_per_epoch = math.ceil(batches_in_epoch / tc.grad_accum_steps)
     total_steps = int(min(tc.max_epochs * steps_per_epoch, tc.max_steps or math.inf))
     rng = torch.Generator()
-    common = {"loader_cfg": cfg.loader, "device": device, "collate_fn": data.collate}
+    loader_cfg = cfg.loader
+    if data.batches_on_device:  # CUDA tensors cannot come from worker processes, nor be pinned
+        loader_cfg = OmegaConf.merge(cfg.loader, {"num_workers": 0, "pin_memory": False, "auto_workers": False})
+    common = {"loader_cfg": loader_cfg, "device": device, "collate_fn": data.collate}
     train = build_loader(data.train, batch_size=batch, sampler=sampler, train=True, generator=rng, **common)
     val_sampler = EpochSampler(len(data.val), 0, shuffle=False, rank=info.rank, world_size=info.world_size, pad=False)
     val = build_loader(data.val, batch_size=cfg.data.eval_batch_size or 2 * batch, sampler=val_sampler, train=False, **common)
@@ -131,12 +135,14 @@ def _autotune(cfg, data, model, device, info: dist.DistInfo, loaders: Loaders, r
     """trainer.autotune (or loader=tuned: the worker count alone, by real steps); the choice is
     applied to `cfg` and the model. A resumed run keeps its first session's choice."""
     tc = cfg.trainer
-    if not (tc.autotune or cfg.loader.auto_workers):
+    workers = cfg.loader.auto_workers and not data.batches_on_device  # GPU batches: no worker processes
+    if not (tc.autotune or workers):
         return None
     if resume_ckpt is not None:
         tuned = {"chosen": choice_from_checkpoint(resume_ckpt), "from_checkpoint": True}
     else:
         knobs = list(tc.autotune_knobs) if tc.autotune else ["num_workers"]
+        knobs = [k for k in knobs if k != "num_workers" or not data.batches_on_device]
         reduce = dist.all_reduce_sum if info.enabled else None
         tuned = autotune(cfg, data, model, device, loaders.total_steps, reduce, knobs)
     apply_choice(cfg, tuned["chosen"])

@@ -39,6 +39,7 @@ class DataBundle:
     class_names: list[str] = field(default_factory=list)
     train_eval: Dataset | None = None  # training samples with eval transforms (INT8 calibration)
     collate: Callable | None = None
+    batches_on_device: bool = False  # training batches come out of the dataset on the GPU (data.decode=gpu)
 
 
 def build_data(data_cfg, tokenizer=None) -> DataBundle:

@@ -12,15 +12,19 @@ from pathlib import Path
 
 import torch
 from PIL import Image
+from torch.utils.data import Dataset
 from torchvision import datasets as tvd
 from torchvision import tv_tensors
-from torchvision.io import ImageReadMode, decode_image
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms import v2
 
 from turbotrain.data.augment import build_op, compose, to_float
+from turbotrain.data.batched import batch_pipeline
 from turbotrain.data.bundle import DATA, DataBundle
+from turbotrain.data.cache import CachedImages, open_cache
+from turbotrain.data.crops import random_resized_crops
 from turbotrain.data.safe import SafeDataset, collate_skipping_bad
-from turbotrain.data.vision import DataConfig
+from turbotrain.data.vision import DataConfig, ImageBatch, NormalizeCollate
 from turbotrain.schema import POSITIVE, ConfigError, setting
 
 log = logging.getLogger("turbotrain")
@@ -34,6 +38,129 @@ class ImageFolderConfig(DataConfig):
     resolution_step: int = setting(32, bound=POSITIVE)
     mean: list[float] = setting(factory=lambda: [0.485, 0.456, 0.406])
     std: list[float] = setting(bound=POSITIVE, factory=lambda: [0.229, 0.224, 0.225])
+    cache: str = setting("none", choices=("none", "raw", "jpeg"))  # decode once into data.cache_dir (data/cache.py)
+    cache_size: int | None = setting(None, bound=POSITIVE)  # the cache's shorter side; None: the eval resize
+    decode: str = setting("cpu", choices=("cpu", "gpu"))  # gpu: training JPEGs decoded in batches by nvJPEG
+
+
+class GpuDecodedTrain(Dataset):
+    """data.decode=gpu (no cache): a training batch's JPEG files decoded in one nvJPEG call
+    (torchvision.io.decode_jpeg on CUDA), then cropped, resized and augmented as a batch on the
+    GPU. A batch that fails to decode is decoded file by file; files that fail are dropped and
+    counted (the third element of the batch), as bad samples are on the CPU path."""
+
+    def __init__(self, folder: tvd.ImageFolder, size: int, ops: list[v2.Transform]):
+        self.samples, self.size, self.batch_ops = folder.samples, size, batch_pipeline(ops)
+        self.device = torch.device("cuda")
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def _decode(self, paths: list[str]) -> list[torch.Tensor | None]:
+        files = [read_file(p) for p in paths]
+        try:
+            return decode_jpeg(files, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:
+            out = []
+            for f in files:
+                try:
+                    out.append(decode_jpeg(f, mode=ImageReadMode.RGB, device=self.device))
+                except RuntimeError:
+                    out.append(None)
+            return out
+
+    def __getitems__(self, indices: list[int]):
+        decoded = self._decode([self.samples[i][0] for i in indices])
+        kept = [k for k, image in enumerate(decoded) if image is not None]
+        images = random_resized_crops([decoded[k] for k in kept], self.size)
+        labels = torch.tensor([self.samples[indices[k]][1] for k in kept], device=self.device)
+        images = self.batch_ops(images) if self.batch_ops else images
+        return ImageBatch(images, labels), len(indices) - len(kept)
+
+    def __getitem__(self, i: int):
+        return self.__getitems__([i])
+
+
+class GpuCollate:
+    """data.decode=gpu: training batches (already on the GPU) are normalized there and keep their
+    count of dropped files; evaluation batches take the CPU path's collate."""
+
+    def __init__(self, normalize: NormalizeCollate, fallback):
+        self.normalize, self.fallback = normalize, fallback
+
+    def __call__(self, batch):
+        if isinstance(batch, tuple) and isinstance(batch[0], ImageBatch):
+            images, labels = self.normalize(batch[0])
+            return images, labels, batch[1]
+        return self.fallback(batch)
+
+
+def _check_gpu_decode(cfg) -> None:
+    if cfg.decode != "gpu":
+        return
+    if not torch.cuda.is_available():
+        raise ConfigError("data.decode=gpu needs CUDA (nvJPEG) and this machine has none: use data.decode=cpu")
+    if cfg.cache != "none":
+        raise ConfigError(f"data.decode=gpu decodes the JPEG files themselves: it needs data.cache=none, not {cfg.cache}")
+
+
+class CachedTrain(Dataset):
+    """Training view of a cache: RandomResizedCrop then `ops`; a batch is cropped and resized in
+    one call (data/crops.py) and augmented as a batch (data/batched.py)."""
+
+    def __init__(self, cache: CachedImages, size: int, ops: list[v2.Transform]):
+        self.cache, self.size = cache, size
+        self.per_sample = compose([v2.RandomResizedCrop(size, antialias=True), *ops])
+        self.batch_ops = batch_pipeline(ops)
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, i: int):
+        image, label = self.cache[i]
+        return self.per_sample(tv_tensors.Image(image)).as_subclass(torch.Tensor), label
+
+    def __getitems__(self, indices: list[int]) -> ImageBatch:
+        images = random_resized_crops(self.cache.load(indices), self.size)
+        return ImageBatch(self.batch_ops(images) if self.batch_ops else images, self.cache.labels[indices])
+
+
+class CachedEval(Dataset):
+    """Evaluation view of a cache: the eval resize (when the cache is not stored at it) and center crop."""
+
+    def __init__(self, cache: CachedImages, size: int, resize: int):
+        self.cache = cache
+        self.crop = compose([*([] if cache_side(cache) == resize else [v2.Resize(resize, antialias=True)]), v2.CenterCrop(size)])
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, i: int):
+        image, label = self.cache[i]
+        return self.crop(tv_tensors.Image(image)).as_subclass(torch.Tensor), label
+
+    def __getitems__(self, indices: list[int]) -> ImageBatch:
+        crops = [self.crop(tv_tensors.Image(image)).as_subclass(torch.Tensor) for image in self.cache.load(indices)]
+        return ImageBatch(torch.stack(crops), self.cache.labels[indices])
+
+
+def cache_side(cache: CachedImages) -> int:
+    return min(cache.shapes[0][-2:]) if len(cache) else 0
+
+
+def _cached(cfg, splits: dict[str, tvd.ImageFolder], reader, size: int):
+    """(train, val, train_eval) datasets over the decoded cache of each split."""
+    resize = int(round(size / 0.875))
+    side = cfg.cache_size or resize
+    root = Path(os.path.expanduser(cfg.cache_dir)) / "decoded"
+    name = Path(os.path.expanduser(cfg.root)).resolve().name
+    caches = {k: open_cache(root, f"{name}-{k}", ds.samples, reader, cfg.cache, side) for k, ds in splits.items()}
+    ops = [build_op(a) for a in cfg.augment]
+    return (
+        CachedTrain(caches["train"], size, ops),
+        CachedEval(caches["val"], size, resize),
+        CachedEval(caches["train"], size, resize),
+    )
 
 
 def _declared_pixels(path: str) -> int:
@@ -64,6 +191,7 @@ class RGBReader:
 
 @DATA.register("imagenet", ImageFolderConfig, kind="image")
 def imagenet(cfg, tokenizer=None) -> DataBundle:
+    _check_gpu_decode(cfg)
     if not cfg.root or cfg.root == "???":
         raise ConfigError("data.root is required for data=imagenet (a dir with train/ and val/)")
     root = Path(os.path.expanduser(cfg.root))
@@ -89,20 +217,30 @@ def imagenet(cfg, tokenizer=None) -> DataBundle:
     empty = sorted(set(train.classes) - {train.classes[t] for t in train.targets})
     if empty:
         log.warning("data.root=%s: class folders with no images in train/: %s", cfg.root, ", ".join(empty))
-    train_eval = folder("train", val_tf)
+    if cfg.cache != "none":
+        train_ds, val_ds, train_eval = _cached(cfg, {"train": train, "val": val}, reader, size)
+        collate = NormalizeCollate(cfg.mean, cfg.std)
+    elif cfg.decode == "gpu":  # training batches on the GPU; evaluation decodes on the CPU as before
+        gpu = GpuDecodedTrain(train, size, [build_op(a) for a in cfg.augment])
+        train_eval = SafeDataset(folder("train", val_tf), cfg.on_bad_sample, lambda i: train.samples[i][0])
+        train_ds, val_ds = gpu, SafeDataset(val, cfg.on_bad_sample, lambda i: val.samples[i][0])
+        collate = GpuCollate(NormalizeCollate(cfg.mean, cfg.std), collate_skipping_bad)
+    else:
 
-    def safe(ds: tvd.ImageFolder) -> SafeDataset:
-        return SafeDataset(ds, cfg.on_bad_sample, lambda i: ds.samples[i][0])
+        def safe(ds: tvd.ImageFolder) -> SafeDataset:
+            return SafeDataset(ds, cfg.on_bad_sample, lambda i: ds.samples[i][0])
 
+        train_ds, val_ds, train_eval, collate = safe(train), safe(val), safe(folder("train", val_tf)), collate_skipping_bad
     return DataBundle(
-        train=safe(train),
-        val=safe(val),
-        train_eval=safe(train_eval),
-        collate=collate_skipping_bad,
+        train=train_ds,
+        val=val_ds,
+        train_eval=train_eval,
+        collate=collate,
         num_classes=len(train.classes),
         in_channels=3,
         image_size=size,
         mean=list(cfg.mean),
         std=list(cfg.std),
         class_names=list(train.classes),
+        batches_on_device=cfg.decode == "gpu",
     )

@@ -141,6 +141,8 @@ def export(cfg) -> Path:
     text = arch["kind"] == "text"
     model = from_checkpoint(ckpt, ckpt_path)
     tokenizer = build_tokenizer_for(OmegaConf.create(arch["model"]), arch.get("max_length", 0))
+    if train_cfg.data.get("decode") == "gpu":  # export evaluates on the CPU: decode there
+        train_cfg.data.decode = "cpu"
     data = build_data(train_cfg.data, tokenizer)
     if text:  # fixed-length inputs: tracing bakes the sequence length into the artifact
         model = TextLogits(model).eval()

@@ -1,0 +1,126 @@
+"""data.cache=raw|jpeg: an ImageFolder split decoded once, each image resized so its shorter side
+is data.cache_size, and stored in one file plus an index: `raw` as uint8 pixels (memory-mapped,
+nothing to decode again), `jpeg` re-encoded at that size (smaller on disk, cheap to decode).
+
+A cache is named by a fingerprint of the split's file list (paths, sizes, mtimes) and the
+settings, so a later run on the same tree reuses it and a changed tree or setting builds a new
+one. The build runs on every core (loader workers), shows a progress bar, skips files that fail
+to decode (counted and named) and is atomic: it fills a temp folder that replaces the cache in one
+rename, so a killed build leaves nothing that looks valid."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torchvision.io import decode_jpeg, encode_jpeg
+from torchvision.transforms.v2 import functional as TF
+from tqdm import tqdm
+
+from turbotrain.atomic import atomic_write_dir
+
+log = logging.getLogger("turbotrain")
+VERSION = 1  # bump when the stored format changes
+DATA_FILE, INDEX_FILE = "images.bin", "index.json"
+
+
+def fingerprint(samples: list[tuple[str, int]], kind: str, size: int) -> str:
+    h = hashlib.sha256(f"v{VERSION} {kind} {size}\n".encode())
+    for path, label in samples:
+        st = os.stat(path)
+        h.update(f"{path}\t{label}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+class _Decode(Dataset):
+    """One file -> its stored bytes (uint8, CHW raw pixels or JPEG), or the error that stopped it."""
+
+    def __init__(self, samples: list[tuple[str, int]], read, kind: str, size: int):
+        self.samples, self.read, self.kind, self.size = samples, read, kind, size
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        try:
+            image = TF.resize(self.read(self.samples[i][0]).as_subclass(torch.Tensor), self.size, antialias=True)
+        except Exception as e:  # a bad file is skipped and named, as in training
+            return i, None, None, f"{type(e).__name__}: {e}"
+        data = image.contiguous() if self.kind == "raw" else encode_jpeg(image, quality=90)
+        return i, data.flatten(), tuple(image.shape), None
+
+
+def build(folder: Path, samples: list[tuple[str, int]], read, kind: str, size: int) -> None:
+    """Decode, resize and store every sample of `samples` into `folder` (atomically)."""
+
+    def fill(tmp: Path) -> None:
+        t0, offsets, shapes, labels, bad, offset = time.perf_counter(), [], [], [], [], 0
+        loader = DataLoader(
+            _Decode(samples, read, kind, size),
+            batch_size=None,
+            num_workers=os.cpu_count() or 1,
+            prefetch_factor=8,
+        )
+        with open(tmp / DATA_FILE, "wb") as f:
+            for i, data, shape, error in tqdm(loader, total=len(samples), desc=f"data.cache={kind}: decoding", leave=False):
+                if error is not None:
+                    bad.append(f"{samples[i][0]} ({error})")
+                    continue
+                f.write(data.numpy().tobytes())
+                offsets.append(offset)
+                shapes.append(shape)
+                labels.append(samples[i][1])
+                offset += data.numel()
+        seconds = time.perf_counter() - t0
+        stats = {"images": len(labels), "bad": bad, "seconds": seconds, "bytes": offset}
+        index = {"version": VERSION, "kind": kind, "size": size, "offsets": offsets, "shapes": shapes, "labels": labels, **stats}
+        (tmp / INDEX_FILE).write_text(json.dumps(index))
+        if bad:
+            log.warning("data.cache: skipped %d file(s) that failed to decode, e.g. %s", len(bad), "; ".join(bad[:3]))
+        log.info(
+            "data.cache=%s: %d images in %.1f s (%.0f images/s), %.0f bytes per image -> %s",
+            *(kind, len(labels), seconds, len(labels) / max(seconds, 1e-9), offset / max(len(labels), 1), folder),
+        )
+
+    atomic_write_dir(folder, fill)
+
+
+class CachedImages(Dataset):
+    """The images of a cache as uint8 CHW tensors (`load(i)`), with their labels."""
+
+    def __init__(self, folder: Path):
+        index = json.loads((folder / INDEX_FILE).read_text())
+        self.kind, self.offsets, self.shapes = index["kind"], index["offsets"], [tuple(s) for s in index["shapes"]]
+        self.labels = torch.tensor(index["labels"], dtype=torch.long)
+        self.sizes = np.diff([*self.offsets, index["bytes"]]).tolist()
+        self.data = np.memmap(folder / DATA_FILE, dtype=np.uint8, mode="r") if index["bytes"] else np.zeros(0, np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _bytes(self, i: int) -> torch.Tensor:
+        start = self.offsets[i]
+        return torch.from_numpy(np.array(self.data[start : start + self.sizes[i]]))
+
+    def load(self, indices: list[int]) -> list[torch.Tensor]:
+        if self.kind == "raw":
+            return [self._bytes(i).view(self.shapes[i]) for i in indices]
+        return decode_jpeg([self._bytes(i) for i in indices])  # one call for the batch
+
+    def __getitem__(self, i: int):
+        return self.load([i])[0], int(self.labels[i])
+
+
+def open_cache(cache_root: Path, name: str, samples: list[tuple[str, int]], read, kind: str, size: int) -> CachedImages:
+    """The cache of `samples` under `cache_root`, built first when there is none for them."""
+    folder = cache_root / f"{name}-{kind}{size}-{fingerprint(samples, kind, size)}"
+    if not (folder / INDEX_FILE).is_file():
+        build(folder, samples, read, kind, size)
+    return CachedImages(folder)

@@ -1,0 +1,146 @@
+"""Decoded caches of image folders (data.cache=raw|jpeg) and the batched RandomResizedCrop."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as TF
+
+from conftest import make_cfg
+from turbotrain.data import build_data
+from turbotrain.data import cache as cache_mod
+from turbotrain.data.crops import draw_boxes, resized_crops
+from turbotrain.data.folder import RGBReader
+from turbotrain.pipeline import train
+
+
+def _photos() -> list[torch.Tensor]:
+    from sklearn.datasets import load_sample_images
+
+    china, flower = (torch.from_numpy(im.copy()).permute(2, 0, 1).contiguous() for im in load_sample_images().images)
+    return [china[:, :400, :600], flower[:, 20:427, :500], china[:, 50:300, 100:450]] * 8
+
+
+@pytest.mark.parametrize(("size", "tolerance"), [(64, 3.0), (224, 1.0)])
+def test_batched_resized_crops_match_torchvision_per_sample(size, tolerance):
+    images = _photos()
+    torch.manual_seed(0)
+    boxes = draw_boxes([tuple(i.shape[-2:]) for i in images])
+    batched = resized_crops(images, boxes, size).float()
+
+    def reference(antialias: bool) -> torch.Tensor:
+        crops = [TF.resized_crop(i, *map(int, b), [size, size], antialias=antialias) for i, b in zip(images, boxes, strict=True)]
+        return torch.stack(crops).float()
+
+    error = (batched - reference(True)).abs().mean().item()
+    aliased = (reference(False) - reference(True)).abs().mean().item()
+    assert error < tolerance and error < 0.6 * aliased, (error, aliased)  # antialiased, not a plain bilinear sample
+
+
+def test_boxes_follow_random_resized_crop():
+    shape, n = (300, 400), 4000
+    torch.manual_seed(1)
+    ours = draw_boxes([shape] * n)
+    rrc = v2.RandomResizedCrop(64)
+    torch.manual_seed(2)
+    ref = [rrc.make_params([torch.empty(3, *shape)]) for _ in range(n)]
+    theirs = torch.tensor([[p["top"], p["left"], p["height"], p["width"]] for p in ref], dtype=torch.float32)
+
+    def stats(b: torch.Tensor) -> torch.Tensor:
+        scale = b[:, 2] * b[:, 3] / (shape[0] * shape[1])
+        log_ratio = (b[:, 3] / b[:, 2]).log()
+        q = torch.tensor([0.1, 0.5, 0.9])
+        return torch.cat([scale.quantile(q), log_ratio.quantile(q)])
+
+    assert torch.allclose(stats(ours), stats(theirs), atol=0.03)
+
+
+def _tree(jpeg_tree, tmp_path):
+    root = tmp_path / "tree"
+    shutil.copytree(jpeg_tree, root)
+    return root
+
+
+@pytest.mark.parametrize("kind", ["raw", "jpeg"])
+def test_cache_is_built_once_and_rebuilt_when_the_tree_changes(kind, jpeg_tree, tmp_path):
+    root = _tree(jpeg_tree, tmp_path)
+    (root / "train" / "china" / "zz_bad.jpg").write_bytes(b"not a jpeg at all")
+    samples = sorted((str(p), 0) for p in (root / "train").rglob("*.jpg"))
+    read = RGBReader(max_pixels=None)
+    first = cache_mod.open_cache(tmp_path / "c", "t", samples, read, kind, 48)
+    index = next((tmp_path / "c").iterdir()) / cache_mod.INDEX_FILE
+    meta = json.loads(index.read_text())
+    assert len(first) == len(samples) - 1 and len(meta["bad"]) == 1 and "zz_bad.jpg" in meta["bad"][0]
+    good = [s for s in samples if "zz_bad" not in s[0]]
+    expected = TF.resize(read(good[5][0]).as_subclass(torch.Tensor), 48, antialias=True)
+    got = first[5][0]
+    assert got.shape == expected.shape and min(got.shape[-2:]) == 48
+    if kind == "raw":
+        assert torch.equal(got, expected)  # pixels stored as decoded
+    else:
+        assert (got.float() - expected.float()).abs().mean() < 6  # re-encoded at quality 90 (a 48 px photo crop)
+    mtime = index.stat().st_mtime_ns
+    cache_mod.open_cache(tmp_path / "c", "t", samples, read, kind, 48)
+    assert index.stat().st_mtime_ns == mtime and len(list((tmp_path / "c").iterdir())) == 1  # reused
+    shutil.copyfile(good[1][0], good[0][0])  # a changed file: a new cache
+    cache_mod.open_cache(tmp_path / "c", "t", samples, read, kind, 48)
+    assert len(list((tmp_path / "c").iterdir())) == 2
+
+
+def test_a_failed_build_leaves_no_cache(jpeg_tree, tmp_path, monkeypatch):
+    samples = sorted((str(p), 0) for p in (jpeg_tree / "train").rglob("*.jpg"))
+    real = cache_mod._Decode.__getitem__
+
+    def dies_at_the_tenth(self, i):
+        if i == 10:
+            raise OSError(28, "No space left on device")  # the decode worker fails mid-build
+        return real(self, i)
+
+    monkeypatch.setattr(cache_mod._Decode, "__getitem__", dies_at_the_tenth)
+    with pytest.raises(Exception, match="No space left"):
+        cache_mod.open_cache(tmp_path / "c", "t", samples, RGBReader(None), "raw", 32)
+    assert list((tmp_path / "c").iterdir()) == []  # no half cache, no temp folder
+
+
+def test_cached_eval_images_equal_the_uncached_ones(jpeg_tree, tmp_path):
+    common = ("data=imagenet", f"data.root={jpeg_tree}", "data.image_size=48", f"data.cache_dir={tmp_path}")
+    plain = build_data(make_cfg(*common).data)
+    cached = build_data(make_cfg(*common, "data.cache=raw").data)
+    x_plain, y_plain = plain.collate([plain.val[i] for i in range(8)])[:2]
+    x_cached, y_cached = cached.collate(cached.val.__getitems__(list(range(8))))
+    assert torch.equal(y_plain, y_cached)
+    torch.testing.assert_close(x_cached, x_plain, atol=1e-5, rtol=0)  # same resize, same center crop
+
+
+@pytest.mark.parametrize("kind", ["raw", pytest.param("jpeg", marks=pytest.mark.slow)])
+def test_cached_run_learns_like_the_uncached_one_and_resumes(kind, jpeg_tree, tmp_path):
+    common = (
+        "data=imagenet",
+        f"data.root={jpeg_tree}",
+        "data.image_size=64",
+        "data.batch_size=16",
+        f"data.cache={kind}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "model=small_cnn",
+        "trainer.progress_bar=false",
+        "sched.warmup_steps=5",
+        "optim.lr=0.05",
+    )
+    assert train(make_cfg(*common, "trainer.max_epochs=6"), tmp_path / "run") >= 0.75  # as test_train's uncached run
+    train(make_cfg(*common, "trainer.max_epochs=7", "trainer.resume=auto"), tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["epochs"] == 7
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+def test_gpu_decode_without_cuda_fails_at_start_in_one_line(jpeg_tree, tmp_path):
+    from conftest import run_cli
+
+    r = run_cli("train.py", "data=imagenet", f"data.root={jpeg_tree}", "data.decode=gpu", f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "error: data.decode=gpu needs CUDA (nvJPEG) and this machine has none: use data.decode=cpu"
+    ]
