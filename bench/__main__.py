@@ -15,6 +15,10 @@ BENCHES = {  # CPU sizes: minutes each on 2 cores
     "text_precision": ("train_speed", "text_precision", {}),
     "inference": ("inference", "run", {}),
     "loader": ("loader", "run", {}),
+    "loader_in_memory": ("loader", "in_memory", {}),
+    "loader_cached": ("decoded", "cached", {}),
+    "loader_pipeline": ("decoded", "pipeline_alone", {}),
+    "loader_cached_accuracy": ("decoded", "cached_accuracy", {}),
     "autotune": ("autotune", "run", {}),
     "resolution": ("resolution", "run", {}),
     "prune": ("prune", "run", {}),  # reads two of the recipes' runs

@@ -83,6 +83,8 @@ FIGURES = {
     "conv_lowrank": ("prune", "figures"),
     "overhead": ("overhead", "figures"),
     "loader": ("loader", "figures"),
+    "loader_pipeline": ("decoded", "pipeline_figures"),
+    "loader_cached_accuracy": ("decoded", "accuracy_figures"),
     "autotune": ("autotune", "figures"),
     "attention": ("attention", "figures"),
     "precision": ("train_speed", "precision_figures"),
