@@ -118,6 +118,7 @@ def test_resnet18_int8_on_real_jpegs(jpeg_tree, tmp_path):
     assert report["size_mb"] <= 0.3 * report["fp32_size_mb"]
 
 
+@pytest.mark.slow  # ~12 s: a second export of the same run, only to check which run is picked
 def test_newest_run_is_the_default(digits_run, tmp_path):
     outputs = tmp_path / "outputs"
     old, new = outputs / "train" / "old", outputs / "train" / "new"

@@ -69,7 +69,8 @@ def test_optuna_trial_that_fails_is_reported_and_the_study_goes_on(tmp_path):
     assert "best_value" in (sweep / "optimization_results.yaml").read_text()
 
 
-@pytest.mark.parametrize("search", ["optuna", pytest.param("random", marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~20 s each: the Optuna config is checked at compose time in test_config.py
+@pytest.mark.parametrize("search", ["optuna", "random"])
 def test_optuna_search_runs_four_trials(search, tmp_path):
     sweep = tmp_path / "optuna"
     r = run_cli(

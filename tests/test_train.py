@@ -106,6 +106,7 @@ def test_imagenet_tree_of_real_jpegs_learns(jpeg_tree, tmp_path):
     assert train(cfg, tmp_path) >= 0.75  # 2 classes: chance is 0.5
 
 
+@pytest.mark.slow  # ~13 s: data=imagenet also trains in-process above, and through its cache in test_cache.py
 def test_cli_imagenet_resnet18_one_epoch(jpeg_tree, tmp_path):
     run_dir = tmp_path / "run"
     r = run_cli(
