@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from bench.common import ROOT, interleave, labelled, train_py, write
-from bench.loader import _measure, figures, jpeg_tree
+from bench.loader import _measure, figures, jpeg_tree, on_tree, short_epoch
 
 
 def _pipelines(root: Path, size: int, batch: int) -> dict:
@@ -105,17 +105,7 @@ def cached(repeats: int = 5, batches: int = 100, size: int = 64, batch: int = 64
     """resnet18 on the JPEG tree, 0 workers: the decoded caches (batched crops) against today's
     default loader (per-sample decode)."""
     root = jpeg_tree()
-    common = (
-        "data=imagenet",
-        f"data.root={root}",
-        f"data.image_size={size}",
-        f"data.batch_size={batch}",
-        "model=resnet18",
-        "trainer.max_epochs=1",
-        f"trainer.limit_train_batches={batches}",
-        "trainer.limit_val_batches=1",
-        "trainer.log_every_n_steps=5",
-    )
+    common = (*on_tree(root, size, batch), *short_epoch(batches))
     arms = {"default": ("loader=default",), "cache=raw": ("data.cache=raw",), "cache=jpeg": ("data.cache=jpeg",)}
     for overrides in arms.values():  # the caches are built once, before anything is timed
         train_py(*common, *overrides, "trainer.limit_train_batches=1")
@@ -136,14 +126,7 @@ def cached_accuracy(seeds: tuple[int, ...] = (0, 1), epochs: int = 3, size: int 
     """Top-1 of resnet18 on the JPEG tree: per-sample decode and crops vs the raw cache's batched
     crops (a different resize kernel and draw order: the numbers differ, the accuracy should not)."""
     root = jpeg_tree()
-    common = (
-        "data=imagenet",
-        f"data.root={root}",
-        f"data.image_size={size}",
-        f"data.batch_size={batch}",
-        "model=resnet18",
-        f"trainer.max_epochs={epochs}",
-    )
+    common = (*on_tree(root, size, batch), f"trainer.max_epochs={epochs}")
     arms = {"per sample": ("loader.batched=false",), "cache=raw, batched": ("data.cache=raw",)}
     results = {name: [train_py(*common, *o, f"trainer.seed={s}")[1]["best_val_acc1"] for s in seeds] for name, o in arms.items()}
     label = (

@@ -117,19 +117,24 @@ def _measure(arms: dict[str, tuple[str, ...]], common: tuple[str, ...], repeats:
     return results
 
 
-def run(repeats: int = 5, batches: int = 100, size: int = 64, batch: int = 64) -> Path:
-    root = jpeg_tree()
-    common = (
-        "data=imagenet",
-        f"data.root={root}",
-        f"data.image_size={size}",
-        f"data.batch_size={batch}",
-        "model=resnet18",
+def on_tree(root: Path, size: int, batch: int) -> tuple[str, ...]:
+    """train.py overrides: resnet18 on the JPEG tree at `size` px, batches of `batch`."""
+    return ("data=imagenet", f"data.root={root}", f"data.image_size={size}", f"data.batch_size={batch}", "model=resnet18")
+
+
+def short_epoch(batches: int) -> tuple[str, ...]:
+    """train.py overrides: one epoch of `batches` training batches, one validation batch."""
+    return (
         "trainer.max_epochs=1",
         f"trainer.limit_train_batches={batches}",
         "trainer.limit_val_batches=1",
         "trainer.log_every_n_steps=5",
     )
+
+
+def run(repeats: int = 5, batches: int = 100, size: int = 64, batch: int = 64) -> Path:
+    root = jpeg_tree()
+    common = (*on_tree(root, size, batch), *short_epoch(batches))
     results = _measure(ARMS, common, repeats)
     chosen = [r["num_workers"] for r in results["tuned"]]
     labels = [
@@ -147,8 +152,7 @@ def run(repeats: int = 5, batches: int = 100, size: int = 64, batch: int = 64) -
 def in_memory(repeats: int = 5, batches: int = 150) -> Path:
     """`python train.py` (defaults: Fashion-MNIST in memory, flips): one index per batch and
     augmentation per batch (loader.batched, the default) against one sample at a time."""
-    common = ("trainer.max_epochs=1", f"trainer.limit_train_batches={batches}", "trainer.limit_val_batches=1")
-    common += ("trainer.log_every_n_steps=5",)
+    common = short_epoch(batches)
     results = _measure({"per sample": ("loader.batched=false",), "batched": ()}, common, repeats)
     rows = labelled(
         [("`python train.py` defaults (Fashion-MNIST in memory): batched indexing + augmentation vs per sample", "-")],

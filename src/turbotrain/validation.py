@@ -22,12 +22,12 @@ def check_group(cfg: Any, group: str) -> None:
     """The keys of one group against its selected option's schema (export checks deploy.*)."""
     node, registry = cfg[group], registries()[group]
     option = registry.of(node)
-    own = {f.name for f in dataclasses.fields(option.schema)}
-    for key, owners in registry.keys().items():
+    own, group_keys = {f.name for f in dataclasses.fields(option.schema)}, registry.keys()
+    for key, owners in group_keys.items():
         if key not in own and node.get(key) is not None:
             _check_foreign(group, key, node[key], registry[owners[0]].schema)
             log.warning("%s.%s is a key of %s=%s: %s=%s ignores it", group, key, group, " / ".join(owners), group, node.name)
-    check({k: v for k, v in node.items() if k in own or k not in registry.keys()}, option.schema, group)  # noqa: SIM118
+    check({k: v for k, v in node.items() if k in own or k not in group_keys}, option.schema, group)
 
 
 def _check_foreign(group: str, key: str, value: Any, owner_schema: type) -> None:

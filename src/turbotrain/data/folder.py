@@ -104,43 +104,46 @@ def _check_gpu_decode(cfg) -> None:
         raise ConfigError(f"data.decode=gpu decodes the JPEG files themselves: it needs data.cache=none, not {cfg.cache}")
 
 
-class CachedTrain(Dataset):
-    """Training view of a cache: RandomResizedCrop then `ops`; a batch is cropped and resized in
-    one call (data/crops.py) and augmented as a batch (data/batched.py)."""
+class CacheView(Dataset):
+    """A cache's images through `per_sample` (uint8 -> uint8), one at a time; subclasses add the
+    whole-batch path (`__getitems__`)."""
 
-    def __init__(self, cache: CachedImages, size: int, ops: list[v2.Transform]):
-        self.cache, self.size = cache, size
-        self.per_sample = compose([v2.RandomResizedCrop(size, antialias=True), *ops])
-        self.batch_ops = batch_pipeline(ops)
+    def __init__(self, cache: CachedImages, per_sample: v2.Transform):
+        self.cache, self.per_sample = cache, per_sample
 
     def __len__(self) -> int:
         return len(self.cache)
 
+    def _one(self, image: torch.Tensor) -> torch.Tensor:
+        return self.per_sample(tv_tensors.Image(image)).as_subclass(torch.Tensor)
+
     def __getitem__(self, i: int):
         image, label = self.cache[i]
-        return self.per_sample(tv_tensors.Image(image)).as_subclass(torch.Tensor), label
+        return self._one(image), label
+
+
+class CachedTrain(CacheView):
+    """Training view of a cache: RandomResizedCrop then `ops`; a batch is cropped and resized in
+    one call (data/crops.py) and augmented as a batch (data/batched.py)."""
+
+    def __init__(self, cache: CachedImages, size: int, ops: list[v2.Transform]):
+        super().__init__(cache, compose([v2.RandomResizedCrop(size, antialias=True), *ops]))
+        self.size, self.batch_ops = size, batch_pipeline(ops)
 
     def __getitems__(self, indices: list[int]) -> ImageBatch:
         images = random_resized_crops(self.cache.load(indices), self.size)
         return ImageBatch(self.batch_ops(images) if self.batch_ops else images, self.cache.labels[indices])
 
 
-class CachedEval(Dataset):
+class CachedEval(CacheView):
     """Evaluation view of a cache: the eval resize (when the cache is not stored at it) and center crop."""
 
     def __init__(self, cache: CachedImages, size: int, resize: int):
-        self.cache = cache
-        self.crop = compose([*([] if cache_side(cache) == resize else [v2.Resize(resize, antialias=True)]), v2.CenterCrop(size)])
-
-    def __len__(self) -> int:
-        return len(self.cache)
-
-    def __getitem__(self, i: int):
-        image, label = self.cache[i]
-        return self.crop(tv_tensors.Image(image)).as_subclass(torch.Tensor), label
+        resized = [] if cache_side(cache) == resize else [v2.Resize(resize, antialias=True)]
+        super().__init__(cache, compose([*resized, v2.CenterCrop(size)]))
 
     def __getitems__(self, indices: list[int]) -> ImageBatch:
-        crops = [self.crop(tv_tensors.Image(image)).as_subclass(torch.Tensor) for image in self.cache.load(indices)]
+        crops = [self._one(image) for image in self.cache.load(indices)]
         return ImageBatch(torch.stack(crops), self.cache.labels[indices])
 
 
