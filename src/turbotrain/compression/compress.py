@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from turbotrain.loop import forward
 from turbotrain.registry import Registry
 from turbotrain.timing import interleaved_latency_ms
 
@@ -45,11 +46,6 @@ def no_compression(model: nn.Module, cfg, surgery: Surgery) -> None:
     return None
 
 
-def _forward(model: nn.Module, inputs) -> torch.Tensor:
-    out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
-    return getattr(out, "logits", out)
-
-
 def apply_compression(model: nn.Module, cfg, *, example, evaluate: Callable[[nn.Module], float], **surgery) -> dict | None:
     option = COMPRESSION.of(cfg)
     if option.build is no_compression:
@@ -60,7 +56,7 @@ def apply_compression(model: nn.Module, cfg, *, example, evaluate: Callable[[nn.
     model.eval()
     batch = {k: v[:32] for k, v in example.items()} if isinstance(example, dict) else example[:32]
     with torch.no_grad():
-        fns = {"before": lambda x: _forward(before, x), "after": lambda x: _forward(model, x)}
+        fns = {"before": lambda x: forward(before, x), "after": lambda x: forward(model, x)}
         ms = interleaved_latency_ms(fns, batch, repeats=7)
     report.update(
         acc1_before=acc_before,
