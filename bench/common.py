@@ -20,6 +20,18 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 
 
+ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")  # what decides CPU kernels' speed
+
+
+def cpu_isa() -> list[str]:
+    """The vector and matrix instruction sets of ISA that this CPU has (Linux)."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return []
+    return [f for f in ISA if f in flags]
+
+
 def hardware() -> dict:
     cpu = platform.processor()
     try:
@@ -31,6 +43,7 @@ def hardware() -> dict:
         pass
     return {
         "cpu": cpu,
+        "isa": cpu_isa(),
         "cores": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "torch": torch.__version__,

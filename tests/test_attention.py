@@ -6,58 +6,17 @@ import copy
 
 import pytest
 import torch
+from attention_reference import naive_banded
 from omegaconf import OmegaConf
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from turbotrain.attention import _hf_mask, apply_attention, extend_positions, sliding_window_attention
+from turbotrain.attention import _hf_mask, apply_attention, extend_positions
 from turbotrain.compression.lowrank import factorize
 from turbotrain.models.text import build_text_model
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
-
-
-def _qkv(b=2, h=2, n=37, d=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(b, h, n, d, generator=g) for _ in range(3))
-    keep = torch.ones(b, n, dtype=torch.bool)
-    keep[1, 29:] = False  # the second sequence is padded
-    return q, k, v, keep
-
-
-def naive_banded(q, k, v, keep, window, global_tokens=0):
-    """Dense n x n reference: the O(n^2) mask the kernel must never build."""
-    n = q.shape[2]
-    i = torch.arange(n)
-    allowed = (i[:, None] - i[None, :]).abs() <= window
-    allowed[:global_tokens, :] = True
-    allowed[:, :global_tokens] = True
-    allowed = allowed[None, None] & keep[:, None, None, :]
-    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
-    return (s.softmax(-1) @ v).transpose(1, 2)
-
-
-@pytest.mark.parametrize(("window", "block", "global_tokens"), [(4, 2, 0), (5, 3, 1), (3, 8, 2), (7, 7, 0)])
-def test_kernel_equals_naive_banded_reference(window, block, global_tokens):
-    q, k, v, keep = _qkv()
-    out = sliding_window_attention(q, k, v, keep, window=window, block=block, global_tokens=global_tokens)
-    ref = naive_banded(q, k, v, keep, window, global_tokens)
-    torch.testing.assert_close(out[0], ref[0], **TOL)
-    torch.testing.assert_close(out[1, :29], ref[1, :29], **TOL)  # padded queries' outputs are unused
-    full = naive_banded(q, k, v, keep, window=10**6)
-    assert (out[0] - full[0]).abs().max() > 1e-3  # a narrow window really differs from full attention
-
-
-def test_padding_is_never_attended():
-    q, k, v, keep = _qkv()
-    out = sliding_window_attention(q, k, v, keep, window=6, block=4, global_tokens=1)
-    k2, v2 = k.clone(), v.clone()
-    k2[1, :, 29:] = 1e3 * torch.randn_like(k2[1, :, 29:])
-    v2[1, :, 29:] = 1e3
-    out2 = sliding_window_attention(q, k2, v2, keep, window=6, block=4, global_tokens=1)
-    torch.testing.assert_close(out2[1, :29], out[1, :29], rtol=0, atol=0)
 
 
 def _bert(seed=0):

@@ -4,8 +4,7 @@ checkpointing, and extension of learned position embeddings.
 Sliding-window attention is registered with transformers' `AttentionInterface` (the kernel) and
 `AttentionMaskInterface` (which hands the kernel the 2-D padding mask instead of an n x n bias), so
 any model that dispatches through those interfaces (BERT and its family) uses it unchanged.
-The kernel is blocked: queries in blocks of `block` tokens attend to the keys from `window` before
-the block to `window` after it, so scores take O(n * (block + 2 * window)) memory, not O(n^2).
+The kernel is in `sliding_window.py`.
 """
 
 from __future__ import annotations
@@ -15,74 +14,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from turbotrain.registry import Registry
 from turbotrain.schema import NON_NEGATIVE, POSITIVE, UNIT_HALF_OPEN, ConfigError, setting
+from turbotrain.sliding_window import sliding_window_attention
 
 log = logging.getLogger("turbotrain")
 NAME = "turbotrain_sliding_window"
-
-
-def sliding_window_attention(
-    query: torch.Tensor,  # [b, h, n, d]
-    key: torch.Tensor,
-    value: torch.Tensor,
-    padding_mask: torch.Tensor | None,  # [b, n], True/1 = real token
-    *,
-    window: int,
-    block: int,
-    global_tokens: int = 0,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    training: bool = False,
-) -> torch.Tensor:
-    """Token i attends to tokens j with |i - j| <= window (plus the first `global_tokens`, which
-    also attend to everything). Returns [b, n, h, d] like transformers' attention functions.
-
-    Each query block is one batch entry of torch's scaled_dot_product_attention over its own
-    key span (band + global keys) with a boolean mask: SDPA's fused CPU/CUDA kernels keep the
-    probabilities out of the autograd graph (recomputed in backward), which an einsum + softmax
-    would store at O(n * span) floats per layer."""
-    b, h, n, d = query.shape
-    scaling = d**-0.5 if scaling is None else scaling
-    blk = max(1, min(block, n))
-    blocks = -(-n // blk)
-    n_pad = blocks * blk
-    span = blk + 2 * window
-    dev = query.device
-    keep = torch.ones(b, n, dtype=torch.bool, device=dev) if padding_mask is None else padding_mask.bool()
-
-    def band(x: torch.Tensor) -> torch.Tensor:  # [b, h, n, d] -> [b * blocks, h, span, d]
-        x = F.pad(x, (0, 0, window, n_pad - n + window)).unfold(2, span, blk)  # [b, h, blocks, d, span]
-        return x.permute(0, 2, 1, 4, 3).reshape(b * blocks, h, span, d)
-
-    q = F.pad(query, (0, 0, 0, n_pad - n)).view(b, h, blocks, blk, d).transpose(1, 2).reshape(b * blocks, h, blk, d)
-    k, v = band(key), band(value)
-    # Which keys each query may see: inside the band, real (not padding, not past the ends) and,
-    # with global tokens, not a global key (those are appended once per block, below). A query
-    # always sees itself, so no row is empty (padding queries' outputs are dropped anyway).
-    key_ok = F.pad(keep, (window, n_pad - n + window)).unfold(1, span, blk)  # [b, blocks, span]
-    offset = torch.arange(span, device=dev)[None, :] - torch.arange(blk, device=dev)[:, None]
-    in_band = (offset >= 0) & (offset <= 2 * window)  # |query - key| <= window
-    allowed = key_ok[:, :, None, :] & in_band  # [b, blocks, blk, span]
-    if global_tokens:
-        key_pos = torch.arange(blocks, device=dev)[:, None] * blk - window + torch.arange(span, device=dev)
-        allowed = allowed & (key_pos >= global_tokens)[None, :, None, :]
-        g_ok = keep[:, None, None, :global_tokens].expand(b, blocks, blk, global_tokens)
-        allowed = torch.cat([allowed, g_ok], dim=-1)
-        g_k, g_v = (t[:, :, :global_tokens].repeat_interleave(blocks, dim=0) for t in (key, value))
-        k, v = torch.cat([k, g_k], dim=2), torch.cat([v, g_v], dim=2)
-    allowed = allowed | F.pad(offset == window, (0, allowed.shape[-1] - span))
-    mask = allowed.reshape(b * blocks, 1, blk, -1)
-    p = dropout if training else 0.0
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scaling)  # [b*blocks, h, blk, d]
-    out = out.view(b, blocks, h, blk, d).transpose(1, 2).reshape(b, h, n_pad, d)[:, :, :n]
-    if global_tokens:  # global queries attend to every real token: full rows, O(n * global_tokens)
-        g_mask = keep[:, None, None, :] | (torch.arange(n, device=dev) < global_tokens)  # never an empty row
-        g = F.scaled_dot_product_attention(query[:, :, :global_tokens], key, value, attn_mask=g_mask, dropout_p=p, scale=scaling)
-        out = torch.cat([g, out[:, :, global_tokens:]], dim=2)
-    return out.transpose(1, 2).contiguous()
 
 
 def _hf_kernel(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -165,6 +103,8 @@ class SlidingWindowConfig(AttentionConfig):
     window: int = setting(256, bound=POSITIVE)  # tokens each side
     block: int | None = setting(None, bound=POSITIVE)  # query block (None: window; fastest measured at 2048 tokens)
     global_tokens: int = setting(1, bound=NON_NEGATIVE)  # leading tokens ([CLS]) that attend and are attended globally
+    # 0, not the model's (0.1 for BERT): dropout forces the unfused path, several times slower
+    dropout: float | None = setting(0.0, bound=UNIT_HALF_OPEN)
 
 
 def apply_attention(model: nn.Module, attention_cfg, kind: str = "text") -> dict:
@@ -205,5 +145,10 @@ def full(model: nn.Module, c) -> None:
 @ATTENTION.register("sliding_window", SlidingWindowConfig, kind="text")
 def sliding_window(model: nn.Module, c) -> None:
     _register_kernel()
+    p = getattr(model.config, "attention_probs_dropout_prob", 0.0) if c.dropout is None else c.dropout
+    if p > 0:
+        log.warning(
+            "attention.dropout=%s: sliding-window attention runs unfused, several times slower (0 keeps the fused kernel)", p
+        )
     model.config.turbotrain_attention = {"window": c.window, "block": c.block or c.window, "global_tokens": c.global_tokens}
     model.set_attn_implementation(NAME)

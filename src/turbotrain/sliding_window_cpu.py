@@ -1,0 +1,196 @@
+"""The sliding-window kernel's CPU path (no attention dropout): torch's fused flash kernel over
+strided views of the keys themselves, in one autograd function that keeps for backward exactly
+what fused full attention keeps (queries, keys, values, output, log-sum-exp) and no mask.
+
+- The band: query block J sees key rows (J - r) * block .. (J + r + 1) * block of the batch's keys
+  flattened to [b * n, h, d]; that is one strided view (a projection's output is already laid
+  out so), blocks whose window crosses into the next sequence mask those keys. Only the r blocks
+  at each end of the batch read a small zero-padded copy. No key/value copy is made when the
+  length is a multiple of the block.
+- Blocks whose band keys are all real (most of them) share one broadcast mask; the blocks at a
+  sequence's ends or next to padding get their own, rebuilt in backward.
+- The global keys each query sees outside its window are merged into the band's softmax through
+  the log-sum-exp; the flash backward with the merged output and log-sum-exp then gives the band
+  part of the gradient exactly, and the global part is a few small matmuls.
+- The global queries' rows are full-row attention, written over the band's rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from turbotrain.sliding_window_layout import Layout, additive, band_mask, regular_runs
+
+flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _flat(x: torch.Tensor, lay: Layout) -> torch.Tensor:
+    """[b, h, n, d] -> [b * n_pad, h, d]: a view of a projection's [b, n, h * d] output."""
+    x = x.transpose(1, 2)
+    if lay.n_pad > lay.n:
+        x = F.pad(x, (0, 0, 0, 0, 0, lay.n_pad - lay.n))
+    return x.reshape(-1, lay.h, lay.d)
+
+
+def _pieces(flat: torch.Tensor, lay: Layout) -> list[tuple[torch.Tensor, int, int, int]]:
+    """(buffer, first block, stop block, the flat row at the buffer's row 0): the middle blocks
+    view `flat` itself; the r blocks at each end, whose windows reach past the batch, a padded copy."""
+    e, blocks = lay.r * lay.blk, lay.b * lay.blocks
+    if blocks <= 2 * lay.r:
+        return [(F.pad(flat, (0, 0, 0, 0, e, e)), 0, blocks, -e)]
+    head = F.pad(flat[: 2 * e], (0, 0, 0, 0, e, 0))
+    tail = F.pad(flat[len(flat) - 2 * e :], (0, 0, 0, 0, 0, e))
+    return [(head, 0, lay.r, -e), (flat, lay.r, blocks - lay.r, 0), (tail, blocks - lay.r, blocks, len(flat) - 2 * e)]
+
+
+def _plan(keep: torch.Tensor, lay: Layout, dtype: torch.dtype):
+    """Per run of query blocks [a, z) within one piece: (a, z, float mask, piece index, the
+    piece's window index of block a)."""
+    e, plan = lay.r * lay.blk, []
+    for a, z, regular in regular_runs(keep, lay):
+        for p, (lo, hi, start) in enumerate(_bounds(lay)):
+            a2, z2 = max(a, lo), min(z, hi)
+            if a2 < z2:
+                allowed = band_mask(keep, lay, torch.arange(a2, a2 + 1 if regular else z2, device=keep.device))
+                plan.append((a2, z2, additive(allowed, dtype).expand(z2 - a2, -1, -1, -1), p, a2 - (start + e) // lay.blk))
+    return plan
+
+
+def _bounds(lay: Layout) -> list[tuple[int, int, int]]:
+    e, blocks = lay.r * lay.blk, lay.b * lay.blocks
+    if blocks <= 2 * lay.r:
+        return [(0, blocks, -e)]
+    return [(0, lay.r, -e), (lay.r, blocks - lay.r, 0), (blocks - lay.r, blocks, (blocks - 2 * lay.r) * lay.blk)]
+
+
+def _windows(buffer: torch.Tensor, lay: Layout) -> torch.Tensor:
+    return buffer.unfold(0, lay.span, lay.blk).permute(0, 1, 3, 2)  # [windows, h, span, d]
+
+
+def _acc(x: torch.Tensor) -> torch.dtype:
+    """fp32 for bf16/fp16 inputs (as the flash kernel accumulates), else the input's."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _padded(query: torch.Tensor, lay: Layout) -> torch.Tensor:
+    return F.pad(query, (0, 0, 0, lay.n_pad - lay.n)) if lay.n_pad > lay.n else query
+
+
+def _global_scores(q4, key, keep, lay: Layout, g: int, scaling: float) -> torch.Tensor:
+    """[b, h, n_pad, g] fp32 scores of every query against the global keys outside its window."""
+    acc = _acc(key)
+    s = (q4.to(acc) @ key[:, :, :g].to(acc).transpose(-1, -2)) * scaling
+    q_pos = torch.arange(lay.n_pad, device=keep.device)[:, None]
+    outside = (q_pos - torch.arange(g, device=keep.device)) > lay.window
+    return s.masked_fill(~(outside & keep[:, None, None, :g]), float("-inf"))
+
+
+def _global_rows_mask(keep: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:
+    """The global queries see every real key, and the global keys always (no empty row)."""
+    return additive((keep | (torch.arange(keep.shape[1], device=keep.device) < g))[:, None, None, :], dtype)
+
+
+def _rows(lse: torch.Tensor, lay: Layout) -> torch.Tensor:
+    """Block layout [b * blocks, h, blk] -> [b, h, n_pad]."""
+    return lse.view(lay.b, lay.blocks, lay.h, lay.blk).transpose(1, 2).reshape(lay.b, lay.h, lay.n_pad)
+
+
+def _blocks(lse: torch.Tensor, lay: Layout) -> torch.Tensor:
+    """[b, h, n_pad] -> block layout [b * blocks, h, blk]."""
+    return lse.view(lay.b, lay.h, lay.blocks, lay.blk).transpose(1, 2).reshape(-1, lay.h, lay.blk)
+
+
+class FlashBands(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, query, key, value, keep, lay: Layout, g: int, scaling: float):
+        q = _flat(query, lay).view(-1, lay.blk, lay.h, lay.d).transpose(1, 2)  # [b * blocks, h, blk, d]
+        kp, vp = _pieces(_flat(key, lay), lay), _pieces(_flat(value, lay), lay)
+        out = query.new_empty(lay.b * lay.blocks, lay.blk, lay.h, lay.d)  # [b, n, h, d] order, as SDPA's output
+        lse = torch.empty(lay.b * lay.blocks, lay.h, lay.blk, dtype=_acc(query), device=query.device)
+        for a, z, mask, p, i in _plan(keep, lay, query.dtype):
+            kw, vw = _windows(kp[p][0], lay)[i : i + z - a], _windows(vp[p][0], lay)[i : i + z - a]
+            o, m = flash(q[a:z], kw, vw, attn_mask=mask, scale=scaling)
+            out[a:z], lse[a:z] = o.transpose(1, 2), m
+        out = out.view(lay.b, lay.n_pad, lay.h, lay.d)
+        g_lse = None
+        if g:
+            lse = _merge_globals(out, lse, query, key, value, keep, lay, g, scaling)
+            g_out, g_lse = flash(query[:, :, :g], key, value, attn_mask=_global_rows_mask(keep, g, query.dtype), scale=scaling)
+            out[:, :g] = g_out.transpose(1, 2)
+        ctx.save_for_backward(query, key, value, keep, out, lse, g_lse)
+        ctx.lay, ctx.g, ctx.scaling = lay, g, scaling
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        query, key, value, keep, out, lse, g_lse = ctx.saved_tensors
+        lay, g, scaling = ctx.lay, ctx.g, ctx.scaling
+        q = _flat(query, lay).view(-1, lay.blk, lay.h, lay.d).transpose(1, 2)
+        kp, vp = _pieces(_flat(key, lay), lay), _pieces(_flat(value, lay), lay)
+        band_grad = grad
+        if g:  # the global queries' rows are not the band's
+            band_grad = grad.clone()
+            band_grad[:, :g] = 0
+        grad_blocks = band_grad.reshape(-1, lay.blk, lay.h, lay.d)
+        out_blocks = out.view(-1, lay.blk, lay.h, lay.d)
+        dq = torch.empty_like(out).view(-1, lay.blk, lay.h, lay.d)  # every block is written
+        dk, dv = (torch.zeros(lay.b * lay.n_pad, lay.h, lay.d, dtype=query.dtype, device=query.device) for _ in range(2))
+        for a, z, mask, p, i in _plan(keep, lay, query.dtype):
+            kw, vw = _windows(kp[p][0], lay)[i : i + z - a], _windows(vp[p][0], lay)[i : i + z - a]
+            gq, gk, gv = flash_backward(
+                grad_blocks[a:z].transpose(1, 2), q[a:z], kw, vw, out_blocks[a:z].transpose(1, 2), lse[a:z], 0.0, False,
+                attn_mask=mask, scale=scaling,
+            )  # fmt: skip
+            dq[a:z] = gq.transpose(1, 2)
+            start = _bounds(lay)[p][2] + i * lay.blk  # flat row of the first window's first key
+            _fold(dk, gk, start, z - a, lay)
+            _fold(dv, gv, start, z - a, lay)
+        dq4 = dq.view(lay.b, lay.n_pad, lay.h, lay.d)
+        dk4, dv4 = dk.view(lay.b, lay.n_pad, lay.h, lay.d), dv.view(lay.b, lay.n_pad, lay.h, lay.d)
+        if g:
+            _globals_backward(band_grad, grad, out, lse, g_lse, query, key, value, keep, lay, g, scaling, (dq4, dk4, dv4))
+        return (*(t[:, : lay.n].transpose(1, 2) for t in (dq4, dk4, dv4)), None, None, None, None)
+
+
+def _fold(flat_grad: torch.Tensor, window_grad: torch.Tensor, start: int, count: int, lay: Layout) -> None:
+    """Add the gradient of `count` overlapping windows, the first at flat row `start`, into
+    `flat_grad`, dropping the rows outside the batch (the padded copies' zeros)."""
+    length = (count - 1) * lay.blk + lay.span
+    folded = torch.ops.aten.unfold_backward(window_grad.permute(0, 1, 3, 2), [length, lay.h, lay.d], 0, lay.span, lay.blk)
+    lo, hi = max(start, 0), min(start + length, len(flat_grad))
+    flat_grad[lo:hi] += folded[lo - start : hi - start]
+
+
+def _merge_globals(out, lse, query, key, value, keep, lay: Layout, g: int, scaling: float) -> torch.Tensor:
+    """Fold the global keys outside each query's window into `out` (in place); returns the merged
+    log-sum-exp in block layout."""
+    s = _global_scores(_padded(query, lay), key, keep, lay, g, scaling)
+    band_lse = _rows(lse, lay)
+    total = torch.logaddexp(band_lse, torch.logsumexp(s, -1))
+    contrib = torch.exp(s - total[..., None]) @ value[:, :, :g].to(s.dtype)
+    view = out.transpose(1, 2)  # [b, h, n_pad, d]
+    view.copy_(view * torch.exp(band_lse - total)[..., None] + contrib)
+    return _blocks(total, lay)
+
+
+def _globals_backward(band_grad, grad, out, lse, g_lse, query, key, value, keep, lay, g, scaling, grads) -> None:
+    """The global keys' part of the band queries' gradient (softmax backward over the merged
+    probabilities), then the global queries' full rows."""
+    dq4, dk4, dv4 = grads
+    q4 = _padded(query, lay)
+    p = torch.exp(_global_scores(q4, key, keep, lay, g, scaling) - _rows(lse, lay)[..., None])  # [b, h, n_pad, g]
+    acc = p.dtype
+    d_out = band_grad.transpose(1, 2).to(acc)  # [b, h, n_pad, d]
+    delta = (d_out * out.transpose(1, 2).to(acc)).sum(-1, keepdim=True)
+    ds = p * (d_out @ value[:, :, :g].to(acc).transpose(-1, -2) - delta) * scaling
+    dq4.transpose(1, 2).add_((ds @ key[:, :, :g].to(acc)).to(dq4.dtype))
+    dk4[:, :g].add_((ds.transpose(-1, -2) @ q4.to(acc)).transpose(1, 2).to(dk4.dtype))
+    dv4[:, :g].add_((p.transpose(-1, -2) @ d_out).transpose(1, 2).to(dv4.dtype))
+    mask = _global_rows_mask(keep, g, query.dtype)
+    q_g, o_g, d_g = query[:, :, :g], out[:, :g].transpose(1, 2), grad[:, :g].transpose(1, 2)
+    gq, gk, gv = flash_backward(d_g, q_g, key, value, o_g, g_lse, 0.0, False, attn_mask=mask, scale=scaling)
+    dq4[:, :g].add_(gq.transpose(1, 2))
+    dk4[:, : lay.n].add_(gk.transpose(1, 2))
+    dv4[:, : lay.n].add_(gv.transpose(1, 2))
