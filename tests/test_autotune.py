@@ -7,9 +7,10 @@ import json
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from conftest import TINY, make_cfg
-from turbotrain.autotune import candidates
+from turbotrain.autotune import candidates, choice_from_checkpoint
 from turbotrain.checkpoint import load
 from turbotrain.config import ConfigError
 from turbotrain.pipeline import train
@@ -89,8 +90,35 @@ def test_text_candidates_are_kernels_not_layouts():
     got = [(s["channels_last"], s["compile"], s["attention"]) for s in stage1]
     assert got == [(True, c, a) for c in (False, True) for a in ("sdpa", "eager")]  # layout stays as configured
     assert workers == [1, 2, 4]
-    stage1, _ = candidates(make_cfg("data=wordnet", "model=bert_tiny", "attention=sliding_window"), "text", ["attention"])
-    assert all("attention" not in s for s in stage1)  # a different function, not a kernel choice
+    sliding = make_cfg("data=wordnet", "model=bert_tiny", "attention=sliding_window", "trainer.autotune=true")
+    stage1, _ = candidates(sliding, "text", list(sliding.trainer.autotune_knobs))
+    assert all("attention" not in s and "attention_kernel" not in s for s in stage1)  # a different function: not by default
+    stage1, _ = candidates(sliding, "text", ["attention_kernel"])
+    assert [s["attention_kernel"] for s in stage1] == ["sliding_window", "full"]  # the user allowed a different model
+
+
+def test_allowed_attention_kernel_swap_is_the_run_and_its_checkpoint(tmp_path):
+    """trainer.autotune_knobs=[attention_kernel]: sliding window and full attention are timed; the
+    run trains the one chosen, and its checkpoint says which (a resume keeps it)."""
+    cfg = make_cfg(
+        "data=wordnet",
+        "model=bert_tiny",
+        "attention=sliding_window",
+        "attention.window=4",
+        "trainer.progress_bar=false",
+        "trainer.max_steps=8",
+        "trainer.limit_val_batches=2",
+        "trainer.autotune=true",
+        "trainer.autotune_steps=2",
+        "trainer.autotune_knobs=[attention_kernel]",
+    )
+    train(cfg, tmp_path)
+    tuned = json.loads((tmp_path / "summary.json").read_text())["autotune"]
+    assert [r["attention_kernel"] for r in tuned["table"]] == ["sliding_window", "full"]
+    chosen = tuned["chosen"]["attention_kernel"]
+    ckpt = load(tmp_path / "checkpoints" / "last.pt")
+    assert OmegaConf.create(ckpt["config"]).attention.name == chosen
+    assert choice_from_checkpoint(ckpt)["attention_kernel"] == chosen
 
 
 def test_text_run_tunes_the_attention_kernel(tmp_path):

@@ -142,7 +142,7 @@ def full(model: nn.Module, c) -> None:
     model.set_attn_implementation(c.implementation)
 
 
-@ATTENTION.register("sliding_window", SlidingWindowConfig, kind="text")
+@ATTENTION.register("sliding_window", SlidingWindowConfig, kind="text", approximates="full")
 def sliding_window(model: nn.Module, c) -> None:
     _register_kernel()
     p = getattr(model.config, "attention_probs_dropout_prob", 0.0) if c.dropout is None else c.dropout

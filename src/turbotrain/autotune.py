@@ -35,6 +35,9 @@ from turbotrain.schema import ConfigError
 log = logging.getLogger("turbotrain")
 
 KNOBS = ("channels_last", "compile", "num_workers", "attention")  # trainer.autotune_knobs: settings that leave the numerics alone
+# settings that change the model's function: tuned only when trainer.autotune_knobs lists them.
+# attention_kernel: an attention option with the `approximates` trait (sliding_window) or the one it approximates (full)
+NUMERICS_KNOBS = ("attention_kernel",)
 WARMUP = 2  # steps not counted in the median step time (first call, allocator, worker start-up)
 
 
@@ -57,6 +60,8 @@ def _time_setting(cfg, data, model: nn.Module, device: torch.device, setting: di
         m.to(memory_format=torch.channels_last)
     if "attention" in setting:
         m.set_attn_implementation(setting["attention"])
+    if setting.get("attention_kernel") in _approximated(cfg):
+        m.set_attn_implementation(_approximated(cfg)[setting["attention_kernel"]])
     loader_cfg = OmegaConf.merge(cfg.loader, {"num_workers": setting["num_workers"], "persistent_workers": False})
     loader = build_loader(
         data.train,
@@ -107,8 +112,17 @@ def candidates(cfg, kind: str, knobs: list[str]) -> tuple[list[dict], list[int]]
     if kind == "text" and kernels:
         kernels = list(kernels) if "attention" in knobs else [cfg.attention.implementation]
         stage1 = [{**s, "attention": a} for s in stage1 for a in kernels]
+    if kind == "text" and "attention_kernel" in knobs and _approximated(cfg):
+        stage1 = [{**s, "attention_kernel": k} for s in stage1 for k in (cfg.attention.name, *_approximated(cfg))]
     workers = sorted({int(w) for w in cfg.loader.auto_candidates} - {base}) if "num_workers" in knobs else []
     return stage1, workers
+
+
+def _approximated(cfg) -> dict[str, str]:
+    """{option the configured attention approximates: its full-attention kernel}, or {} (the
+    attention_kernel knob has nothing to swap)."""
+    other = ATTENTION.of(cfg.attention).traits.get("approximates")
+    return {other: ATTENTION[other].traits["kernels"][0]} if other else {}
 
 
 def autotune(
@@ -168,6 +182,10 @@ def apply_choice(cfg, chosen: dict) -> None:
     OmegaConf.update(cfg, "loader.num_workers", int(chosen["num_workers"]))
     if "attention" in chosen:
         OmegaConf.update(cfg, "attention.implementation", chosen["attention"])
+    kernel = chosen.get("attention_kernel")
+    if kernel in _approximated(cfg):
+        OmegaConf.update(cfg, "attention.implementation", _approximated(cfg)[kernel])
+        OmegaConf.update(cfg, "attention.name", kernel)
 
 
 def choice_from_checkpoint(ckpt: dict) -> dict:
@@ -180,4 +198,6 @@ def choice_from_checkpoint(ckpt: dict) -> dict:
     }
     if ckpt["arch"]["kind"] == "text" and ATTENTION.of(saved.attention).traits.get("kernels"):
         chosen["attention"] = saved.attention.implementation
+    if ckpt["arch"]["kind"] == "text":
+        chosen["attention_kernel"] = saved.attention.name  # the run's effective attention
     return chosen

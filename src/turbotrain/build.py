@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from turbotrain import distributed as dist
+from turbotrain.attention import ATTENTION
 from turbotrain.autotune import apply_choice, autotune, choice_from_checkpoint
 from turbotrain.data import DataBundle, build_data
 from turbotrain.data.loader import EpochSampler, build_loader
@@ -146,8 +147,8 @@ def _autotune(cfg, data, model, device, info: dist.DistInfo, loaders: Loaders, r
         reduce = dist.all_reduce_sum if info.enabled else None
         tuned = autotune(cfg, data, model, device, loaders.total_steps, reduce, knobs)
     apply_choice(cfg, tuned["chosen"])
-    if "attention" in tuned["chosen"]:
-        model.set_attn_implementation(tuned["chosen"]["attention"])
+    if data.kind == "text" and ATTENTION.of(cfg.attention).traits.get("kernels"):  # full attention, tuned or swapped in
+        model.set_attn_implementation(cfg.attention.implementation)
     return tuned
 
 

@@ -46,7 +46,8 @@ class TrainerConfig:
     nan_check: str = setting("loss", choices=("loss", "grads"))  # what on_nan=skip checks: losses (free) | gradient norm
     threads: int | None = setting(None, bound=POSITIVE)
     autotune: bool = False  # time each setting in autotune_knobs for a few steps, keep the fastest
-    autotune_knobs: list[str] = setting(factory=lambda: list(KNOBS))  # settings that leave the numerics alone
+    # default: the settings that leave the numerics alone; attention_kernel (may swap sliding_window for full) only when listed
+    autotune_knobs: list[str] = setting(factory=lambda: list(KNOBS))
     autotune_steps: int = setting(8, bound=POSITIVE)  # timed steps per setting (after 2 warm-up steps)
 
 

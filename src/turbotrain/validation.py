@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from turbotrain.autotune import KNOBS
+from turbotrain.autotune import KNOBS, NUMERICS_KNOBS
 from turbotrain.config import TrainerConfig, registries
 from turbotrain.schema import ConfigError, check, check_value
 
@@ -51,9 +51,9 @@ def validate(cfg: Any) -> None:
         check_group(cfg, group)
     if cfg.data.get("resolution_scale") is not None:
         _check_resolution(cfg.data)
-    unknown = sorted(set(cfg.trainer.autotune_knobs) - set(KNOBS))
+    unknown = sorted(set(cfg.trainer.autotune_knobs) - {*KNOBS, *NUMERICS_KNOBS})
     if unknown:
-        raise ConfigError(f"trainer.autotune_knobs: unknown knob {unknown[0]!r}; allowed: {', '.join(KNOBS)}")
+        raise ConfigError(f"trainer.autotune_knobs: unknown knob {unknown[0]!r}; allowed: {', '.join((*KNOBS, *NUMERICS_KNOBS))}")
 
 
 def _check_resolution(data: Any) -> None:
