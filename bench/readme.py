@@ -87,6 +87,7 @@ FIGURES = {
     "loader_cached_accuracy": ("decoded", "accuracy_figures"),
     "autotune": ("autotune", "figures"),
     "attention": ("attention", "figures"),
+    "attention_accuracy": ("attention_accuracy", "figures"),
     "precision": ("train_speed", "precision_figures"),
     "text_precision": ("train_speed", "text_figures"),
     "resolution": ("resolution", "figures"),  # and its variants, resolution_*

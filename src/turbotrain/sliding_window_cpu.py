@@ -34,20 +34,27 @@ def _flat(x: torch.Tensor, lay: Layout) -> torch.Tensor:
     return x.reshape(-1, lay.h, lay.d)
 
 
-def _pieces(flat: torch.Tensor, lay: Layout) -> list[tuple[torch.Tensor, int, int, int]]:
-    """(buffer, first block, stop block, the flat row at the buffer's row 0): the middle blocks
-    view `flat` itself; the r blocks at each end, whose windows reach past the batch, a padded copy."""
+def _bounds(lay: Layout) -> list[tuple[int, int, int]]:
+    """(first block, stop block, the flat key row at the buffer's row 0) per key buffer: the
+    middle blocks view the keys themselves; the r blocks at each end, whose windows reach past
+    the batch, a zero-padded copy of the rows they need."""
     e, blocks = lay.r * lay.blk, lay.b * lay.blocks
     if blocks <= 2 * lay.r:
-        return [(F.pad(flat, (0, 0, 0, 0, e, e)), 0, blocks, -e)]
-    head = F.pad(flat[: 2 * e], (0, 0, 0, 0, e, 0))
-    tail = F.pad(flat[len(flat) - 2 * e :], (0, 0, 0, 0, 0, e))
-    return [(head, 0, lay.r, -e), (flat, lay.r, blocks - lay.r, 0), (tail, blocks - lay.r, blocks, len(flat) - 2 * e)]
+        return [(0, blocks, -e)]
+    return [(0, lay.r, -e), (lay.r, blocks - lay.r, 0), (blocks - lay.r, blocks, (blocks - 2 * lay.r) * lay.blk)]
 
 
-def _plan(keep: torch.Tensor, lay: Layout, dtype: torch.dtype):
-    """Per run of query blocks [a, z) within one piece: (a, z, float mask, piece index, the
-    piece's window index of block a)."""
+def _pieces(flat: torch.Tensor, lay: Layout) -> list[torch.Tensor]:
+    """The key buffers of `_bounds`, in its order."""
+    e = lay.r * lay.blk
+    if len(_bounds(lay)) == 1:
+        return [F.pad(flat, (0, 0, 0, 0, e, e))]
+    return [F.pad(flat[: 2 * e], (0, 0, 0, 0, e, 0)), flat, F.pad(flat[len(flat) - 2 * e :], (0, 0, 0, 0, 0, e))]
+
+
+def _plan(keep: torch.Tensor, lay: Layout, dtype: torch.dtype) -> list[tuple[int, int, torch.Tensor, int, int]]:
+    """Per run of query blocks [a, z) within one key buffer: (a, z, float mask, buffer index,
+    the buffer's window index of block a)."""
     e, plan = lay.r * lay.blk, []
     for a, z, regular in regular_runs(keep, lay):
         for p, (lo, hi, start) in enumerate(_bounds(lay)):
@@ -56,13 +63,6 @@ def _plan(keep: torch.Tensor, lay: Layout, dtype: torch.dtype):
                 allowed = band_mask(keep, lay, torch.arange(a2, a2 + 1 if regular else z2, device=keep.device))
                 plan.append((a2, z2, additive(allowed, dtype).expand(z2 - a2, -1, -1, -1), p, a2 - (start + e) // lay.blk))
     return plan
-
-
-def _bounds(lay: Layout) -> list[tuple[int, int, int]]:
-    e, blocks = lay.r * lay.blk, lay.b * lay.blocks
-    if blocks <= 2 * lay.r:
-        return [(0, blocks, -e)]
-    return [(0, lay.r, -e), (lay.r, blocks - lay.r, 0), (blocks - lay.r, blocks, (blocks - 2 * lay.r) * lay.blk)]
 
 
 def _windows(buffer: torch.Tensor, lay: Layout) -> torch.Tensor:
@@ -110,7 +110,7 @@ class FlashBands(torch.autograd.Function):
         out = query.new_empty(lay.b * lay.blocks, lay.blk, lay.h, lay.d)  # [b, n, h, d] order, as SDPA's output
         lse = torch.empty(lay.b * lay.blocks, lay.h, lay.blk, dtype=_acc(query), device=query.device)
         for a, z, mask, p, i in _plan(keep, lay, query.dtype):
-            kw, vw = _windows(kp[p][0], lay)[i : i + z - a], _windows(vp[p][0], lay)[i : i + z - a]
+            kw, vw = _windows(kp[p], lay)[i : i + z - a], _windows(vp[p], lay)[i : i + z - a]
             o, m = flash(q[a:z], kw, vw, attn_mask=mask, scale=scaling)
             out[a:z], lse[a:z] = o.transpose(1, 2), m
         out = out.view(lay.b, lay.n_pad, lay.h, lay.d)
@@ -138,7 +138,7 @@ class FlashBands(torch.autograd.Function):
         dq = torch.empty_like(out).view(-1, lay.blk, lay.h, lay.d)  # every block is written
         dk, dv = (torch.zeros(lay.b * lay.n_pad, lay.h, lay.d, dtype=query.dtype, device=query.device) for _ in range(2))
         for a, z, mask, p, i in _plan(keep, lay, query.dtype):
-            kw, vw = _windows(kp[p][0], lay)[i : i + z - a], _windows(vp[p][0], lay)[i : i + z - a]
+            kw, vw = _windows(kp[p], lay)[i : i + z - a], _windows(vp[p], lay)[i : i + z - a]
             gq, gk, gv = flash_backward(
                 grad_blocks[a:z].transpose(1, 2), q[a:z], kw, vw, out_blocks[a:z].transpose(1, 2), lse[a:z], 0.0, False,
                 attn_mask=mask, scale=scaling,
