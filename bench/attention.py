@@ -130,12 +130,16 @@ def _labels(speed) -> list[tuple[str, str]]:
     ]
 
 
-def run(repeats: int = 3) -> str:
+def run(repeats: int = 2, bf16_repeats: int = 1) -> str:
+    """fp32 measurements `repeats` times, interleaved; bf16 (emulated on most CPUs, slow) fewer
+    times. One timed step (after the warm-up one) where a step takes a minute or more."""
     plan = [(*key, name, att) for key, by_name in (*SPEED.items(), *EXTRA.items()) for name, att in by_name.items()]
     results: dict = {}
-    for _ in range(repeats):
+    for repeat in range(repeats):
         for length, dtype, name, attention in [*plan, LONG]:
-            call = f"measure({attention!r}, {length}, {dtype!r})"
+            if dtype and repeat >= bf16_repeats:
+                continue
+            call = f"measure({attention!r}, {length}, {dtype!r}, steps={1 if dtype or length > 4096 else 2})"
             code = f"import json; from bench.attention import measure; print(json.dumps({call}))"
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
             results.setdefault(_key(length, dtype), {}).setdefault(name, []).append(

@@ -52,14 +52,17 @@ def _pieces(flat: torch.Tensor, lay: Layout) -> list[torch.Tensor]:
     return [F.pad(flat[: 2 * e], (0, 0, 0, 0, e, 0)), flat, F.pad(flat[len(flat) - 2 * e :], (0, 0, 0, 0, 0, e))]
 
 
+CALL_BLOCKS = 4  # blocks per kernel call at most: its key gradients are 3x its keys, a transient
+
+
 def _plan(keep: torch.Tensor, lay: Layout, dtype: torch.dtype) -> list[tuple[int, int, torch.Tensor, int, int]]:
     """Per run of query blocks [a, z) within one key buffer: (a, z, float mask, buffer index,
     the buffer's window index of block a)."""
     e, plan = lay.r * lay.blk, []
     for a, z, regular in regular_runs(keep, lay):
         for p, (lo, hi, start) in enumerate(_bounds(lay)):
-            a2, z2 = max(a, lo), min(z, hi)
-            if a2 < z2:
+            for a2 in range(max(a, lo), min(z, hi), CALL_BLOCKS):
+                z2 = min(a2 + CALL_BLOCKS, z, hi)
                 allowed = band_mask(keep, lay, torch.arange(a2, a2 + 1 if regular else z2, device=keep.device))
                 plan.append((a2, z2, additive(allowed, dtype).expand(z2 - a2, -1, -1, -1), p, a2 - (start + e) // lay.blk))
     return plan
