@@ -20,9 +20,11 @@ RESULTS, README = ROOT / "bench" / "results", ROOT / "README.md"
 
 
 def machine(hw: dict) -> str:
-    """The hardware a result file names, as a table cell: CPU (threads), GPU, torch version."""
+    """The hardware a result file names, as a table cell: CPU (threads, vector instructions where
+    recorded), GPU, torch version."""
     where = f"{hw['gpu']}, " if hw.get("gpu") else ""
-    return f"{where}{hw['cpu']} ({hw['cores']} threads), torch {hw['torch'].split('+')[0]}"
+    isa = f", {' '.join(hw['isa'])}" if hw.get("isa") else ""
+    return f"{where}{hw['cpu']} ({hw['cores']} threads{isa}), torch {hw['torch'].split('+')[0]}"
 
 
 def _wall(seconds: float) -> str:
