@@ -73,6 +73,7 @@ def test_int8_static_agrees_with_eager(digits_run):
     assert "torch.jit.load" in (out / "README.txt").read_text()
 
 
+@pytest.mark.slow  # the text export test checks dynamic INT8 Linear layers too
 def test_int8_dynamic_quantizes_linear(digits_run):
     out, report = _export(digits_run, "int8_dynamic")
     artifact = torch.jit.load(str(out / "model.pt"))

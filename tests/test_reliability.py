@@ -138,6 +138,7 @@ def test_bad_files_are_skipped_counted_and_named(bad_tree, tmp_path):
     assert "000.jpg" in log and "notes.jpg" in log and "zzz_empty" in log
 
 
+@pytest.mark.slow  # the skip policy's test covers the same bad tree
 def test_bad_files_with_error_policy_name_the_file(bad_tree, tmp_path):
     r = run_cli("train.py", *_tree_args(bad_tree), "data.on_bad_sample=error", "hydra.run.dir=" + str(tmp_path / "r"))
     assert r.returncode == 2 and "Traceback" not in r.stderr

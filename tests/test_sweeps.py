@@ -17,6 +17,7 @@ def _rows(sweep_dir):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # the failed-job sweep test also runs a multirun and reads its summary
 def test_four_job_multirun_writes_sorted_summary(tmp_path):
     sweep = tmp_path / "sweep"
     r = run_cli(
