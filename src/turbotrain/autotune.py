@@ -1,7 +1,8 @@
 """trainer.autotune: time a few real training steps of each setting that leaves the numerics
 alone (channels_last, torch.compile, loader workers; for text models with full attention, the
 sdpa or eager kernel) and keep the one that finishes the run soonest. The precision stays what
-the user chose.
+the user chose. One setting that changes the model, sliding-window vs full attention
+(`attention_kernel`), is timed only when trainer.autotune_knobs lists it.
 
 Trials run on a copy of the model with their own optimizer, on the first batches of epoch 0,
 and the RNG state is restored afterwards, so the run itself starts exactly as it would have
