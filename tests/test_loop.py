@@ -22,10 +22,10 @@ def _data(n: int, seed: int = 0):
     return torch.randn(n, 12, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def _run(model, x, y, *, batch_size, accum, tmp_path, overrides=()):
+def _run(model, x, y, *, batch_size, accum, tmp_path, overrides=(), log_every=1):
     cfg = make_cfg("optim=sgd", "optim.weight_decay=0", "precision=fp32", *overrides)
     cfg.trainer.grad_accum_steps = accum
-    cfg.trainer.log_every_n_steps = 1
+    cfg.trainer.log_every_n_steps = log_every
     opt = build_optimizer(model, cfg.optim)
     loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False)
     state = TrainState()

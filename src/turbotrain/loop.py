@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 from omegaconf import OmegaConf
@@ -31,9 +31,31 @@ class TrainState:
     bad_samples: int = 0  # samples that failed to load and were skipped
     samples_seen: int = 0
     train_time_s: float = 0.0
+    # On the training device, read at log steps: skips since the last read, the current streak and
+    # the longest streak since the last read (a host read per step would stall a GPU's queue).
+    skips: torch.Tensor | None = field(default=None, repr=False)
+
+    def count_skip(self, skipped: torch.Tensor) -> None:
+        """Count one optimizer step, `skipped` 1 or 0 on the device, without reading it."""
+        if self.skips is None:
+            self.skips = torch.tensor([0.0, self.nan_streak, self.nan_streak], device=skipped.device)
+        total, streak, longest = self.skips.unbind()
+        streak = (streak + 1) * skipped
+        self.skips = torch.stack([total + skipped, streak, torch.maximum(longest, streak)])
+
+    def read_skips(self) -> int:
+        """Fold the device counts into the fields (one host read); the longest streak since the last read."""
+        if self.skips is None:
+            return self.nan_streak
+        total, streak, longest = (int(v) for v in self.skips.tolist())
+        self.skipped_steps += total
+        self.nan_streak = streak
+        self.skips = self.skips.new_tensor([0.0, streak, streak])
+        return longest
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        self.read_skips()
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "skips"}
 
 
 class Diverged(RuntimeError):
@@ -103,35 +125,46 @@ def evaluate(
     }
 
 
-def _optimizer_step(model, optimizer, scheduler, precision: Precision, grad_clip: float | None, skip: bool | None) -> bool:
-    """Unscale, clip, step, update the scaler. Returns False when the step was skipped: `skip`
-    (the group's losses were not finite, agreed across DDP ranks), or the gradient norm was not
-    finite (computed when `skip` is None or for clipping; gradients are identical on every DDP
-    rank here, so all ranks agree)."""
+def _optimizer_step(model, optimizer, scheduler, precision: Precision, grad_clip: float | None, bad) -> torch.Tensor:
+    """Unscale, clip, step, update the scaler, with no host read. Returns 1.0 on the device when
+    the step was skipped: `bad` (the group's losses were not finite, agreed across DDP ranks), else
+    a non-finite gradient norm (identical on every DDP rank), or the scaler's inf check. The LR
+    schedule advances either way: it counts steps taken or skipped, as global_step does."""
     scaler = precision.scaler
     if scaler is not None:
         scaler.unscale_(optimizer)
-    if scaler is None:
-        norm = None
-        if skip is None or grad_clip:
-            grads = [p.grad for p in model.parameters() if p.grad is not None]
-            norm = nn.utils.get_total_norm(grads) if grads else torch.zeros(())
-        stepped = not skip and (norm is None or bool(torch.isfinite(norm)))  # with grad_clip the norm is free
-        if stepped:
-            if grad_clip:
-                nn.utils.clip_grads_with_norm_(model.parameters(), grad_clip, norm)
-            optimizer.step()
-    else:
         if grad_clip:
             nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        scale = scaler.get_scale()
+        scale = scaler._scale.clone()  # get_scale() would read it on the host
         scaler.step(optimizer)
         scaler.update()
-        stepped = scaler.get_scale() >= scale  # the scale only drops when grads were inf/NaN
+        skipped = (scaler._scale < scale).float()  # the scale only drops when grads were inf/NaN
+    else:
+        if bad is None or grad_clip:
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            norm = nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+            bad = ~torch.isfinite(norm) if bad is None else bad | ~torch.isfinite(norm)
+            if grad_clip:  # a non-finite norm makes the gradients NaN: that step is skipped anyway
+                nn.utils.clip_grads_with_norm_(model.parameters(), grad_clip, norm)
+        skipped = bad.float()
+        step_unless(optimizer, skipped)
     optimizer.zero_grad(set_to_none=True)
-    if stepped and scheduler is not None:
+    if scheduler is not None:
         scheduler.step()
-    return stepped
+    return skipped
+
+
+def step_unless(optimizer: torch.optim.Optimizer, skipped: torch.Tensor) -> None:
+    """optimizer.step() unless `skipped`. A fused optimizer takes the flag into its kernel, as it
+    takes GradScaler's inf check: nothing is read on the host. Others read it (free on a CPU)."""
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.found_inf = skipped
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+    elif not skipped.item():
+        optimizer.step()
 
 
 @dataclass
@@ -167,20 +200,21 @@ class Step:
             (self.precision.scaler.scale(scaled) if self.precision.scaler else scaled).backward()
         return loss, logits
 
-    def step(self, state: TrainState, loss: torch.Tensor) -> None:
+    def step(self, state: TrainState) -> None:
         """The optimizer step that ends an accumulation group, or its skip."""
-        skip = None
+        bad = None
         if self.check_loss:
-            skip = bool((self.reduce(self.nonfinite) if self.reduce else self.nonfinite) > 0)  # ranks skip together
+            bad = (self.reduce(self.nonfinite) if self.reduce else self.nonfinite) > 0  # ranks skip together
+        state.count_skip(_optimizer_step(self.model, self.optimizer, self.scheduler, self.precision, self.cfg.grad_clip, bad))
+        if self.check_loss:
             self.nonfinite.zero_()
-        if _optimizer_step(self.model, self.optimizer, self.scheduler, self.precision, self.cfg.grad_clip, skip):
-            state.nan_streak = 0
-        else:
-            state.skipped_steps += 1
-            state.nan_streak += 1
-            if state.nan_streak >= self.cfg.nan_patience:
-                raise Diverged(state.global_step, f"loss is {loss.item()}")
         state.global_step += 1
+
+    def check(self, state: TrainState) -> None:
+        """At log steps and the epoch's end, where the loop reads the device anyway."""
+        patience = self.cfg.nan_patience
+        if state.read_skips() >= patience:
+            raise Diverged(state.global_step, f"{patience} consecutive steps skipped for non-finite losses or gradients")
 
 
 def train_one_epoch(
@@ -229,8 +263,9 @@ def train_one_epoch(
         bar.update(1)
         if not last_in_group:
             continue
-        step.step(state, loss)
+        step.step(state)
         if state.global_step % tc.log_every_n_steps == 0:
+            step.check(state)
             event = {"step": state.global_step, "epoch": state.epoch, "split": "train", **meter.interval_event(reduce)}
             event.update(lr=optimizer.param_groups[0]["lr"], peak_mem_mb=peak_mem_mb(device), gpu_util=gpu_util(device))
             tracker.log(**event, skipped_steps=state.skipped_steps)
@@ -238,6 +273,7 @@ def train_one_epoch(
         if on_step is not None:
             on_step(state)
     bar.close()
+    step.check(state)
     stats = meter.epoch_stats()
     state.train_time_s += stats["time_s"]
     return stats

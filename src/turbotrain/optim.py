@@ -1,4 +1,5 @@
-"""Optimizers (built after model surgery, so they see the final parameters)."""
+"""Optimizers (built after model surgery, so they see the final parameters). SGD, Adam and AdamW
+are torch's fused kernels: they skip a step flagged non-finite on the device (loop.step_unless)."""
 
 from __future__ import annotations
 
@@ -71,17 +72,21 @@ def build_optimizer(model: nn.Module, optim_cfg) -> torch.optim.Optimizer:
 
 @OPTIMIZERS.register("sgd", SGDConfig)
 def sgd(groups: list[dict], c) -> torch.optim.Optimizer:
-    return torch.optim.SGD(groups, lr=c.lr, momentum=c.momentum, nesterov=c.nesterov and c.momentum > 0)
+    opt = torch.optim.SGD(groups, lr=c.lr, momentum=c.momentum, nesterov=c.nesterov and c.momentum > 0, fused=True)
+    if c.momentum:  # the fused kernel's first step fills fresh buffers: a first step it skips would leave them unset
+        for p in (p for g in groups for p in g["params"]):
+            opt.state[p]["momentum_buffer"] = torch.zeros_like(p)  # zeros then the first step give its rule, buf = grad
+    return opt
 
 
 @OPTIMIZERS.register("adam", AdamConfig)
 def adam(groups: list[dict], c) -> torch.optim.Optimizer:
-    return torch.optim.Adam(groups, lr=c.lr, betas=tuple(c.betas), eps=c.eps)
+    return torch.optim.Adam(groups, lr=c.lr, betas=tuple(c.betas), eps=c.eps, fused=True)
 
 
 @OPTIMIZERS.register("adamw", AdamWConfig)
 def adamw(groups: list[dict], c) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(groups, lr=c.lr, betas=tuple(c.betas), eps=c.eps)
+    return torch.optim.AdamW(groups, lr=c.lr, betas=tuple(c.betas), eps=c.eps, fused=True)
 
 
 @OPTIMIZERS.register("rmsprop", RMSpropConfig)
