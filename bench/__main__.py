@@ -26,6 +26,7 @@ BENCHES = {  # CPU sizes: minutes each on 2 cores
     "attention": ("attention", "run", {}),
     "attention_accuracy": ("attention_accuracy", "run", {}),  # ~60
     "overhead": ("overhead", "run", {}),
+    "skip_sync": ("skip_sync", "run", {}),
 }
 
 GPU_BENCHES = {  # bench/gpu_check.sh: GPU sizes, fp16 AMP + GradScaler, pinned memory; ~8 minutes in all
@@ -33,6 +34,7 @@ GPU_BENCHES = {  # bench/gpu_check.sh: GPU sizes, fp16 AMP + GradScaler, pinned 
     "text_precision": ("train_speed", "text_precision", {"repeats": 3, "steps": 10, "batch": 128}),
     "loader": ("loader", "run", {"repeats": 2, "batches": 40, "size": 224, "batch": 128}),
     "overhead": ("overhead", "run", {"repeats": 3, "steps": 150, "batch": 128, "size": 128}),
+    "skip_sync": ("skip_sync", "run", {}),
 }
 
 

@@ -57,5 +57,5 @@ PY
 done
 
 echo "== 4. benchmarks at GPU sizes"
-timeout 300 python -m bench --gpu precision loader overhead text_precision || echo "bench: stopped (time limit or error)"
+timeout 300 python -m bench --gpu precision loader overhead text_precision skip_sync || echo "bench: stopped (time limit or error)"
 ls -l bench/results/gpu/

@@ -84,6 +84,7 @@ FIGURES = {
     "prune": ("prune", "figures"),
     "conv_lowrank": ("prune", "figures"),
     "overhead": ("overhead", "figures"),
+    "skip_sync": ("skip_sync", "figures"),
     "loader": ("loader", "figures"),
     "loader_pipeline": ("decoded", "pipeline_figures"),
     "loader_cached_accuracy": ("decoded", "accuracy_figures"),
