@@ -39,10 +39,11 @@ def _batches(cfg, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
     "overrides",
     [
         (),  # Fashion-MNIST with its flip: the default run
+        ("experiment=resnet18_fashion",),  # resized to 64 px (one Resize of the batch), then the flip
         ("data=digits", "data.image_size=16", "data.augment=[{name: RandomVerticalFlip, p: 0.3}]"),
         ("data=synthetic", "data.num_samples=256"),
     ],
-    ids=["fashion_mnist", "digits_resize_vflip", "synthetic"],
+    ids=["fashion_mnist", "resnet18_fashion", "digits_resize_vflip", "synthetic"],
 )
 def test_batched_loader_gives_the_per_sample_batches(overrides):
     batched = _batches(make_cfg(*overrides))
