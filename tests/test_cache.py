@@ -106,6 +106,22 @@ def test_a_failed_build_leaves_no_cache(jpeg_tree, tmp_path, monkeypatch):
     assert list((tmp_path / "c").iterdir()) == []  # no half cache, no temp folder
 
 
+def test_training_split_keeps_room_for_crops_and_nothing_is_enlarged(jpeg_tree, tmp_path):
+    """At the eval resize, RandomResizedCrop's small crops would be enlarged from a thumbnail
+    (measured: -7 points of top-1 on the bench's JPEG tree); the training split is kept at
+    2 x image_size, the validation split at the eval resize, and no image is ever enlarged."""
+    from torchvision.io import encode_jpeg
+
+    root = _tree(jpeg_tree, tmp_path)
+    small = torch.randint(0, 256, (3, 40, 50), dtype=torch.uint8)
+    (root / "train" / "china" / "zz_small.jpg").write_bytes(encode_jpeg(small).numpy().tobytes())
+    cfg = make_cfg("data=imagenet", f"data.root={root}", "data.image_size=48", f"data.cache_dir={tmp_path}", "data.cache=raw")
+    data = build_data(cfg.data)
+    train_sides = sorted(min(shape[-2:]) for shape in data.train.cache.shapes)
+    assert train_sides[0] == 40 and set(train_sides[1:]) == {96}  # the small image as it was; 2 x 48 px
+    assert {min(shape[-2:]) for shape in data.val.cache.shapes} == {55}  # round(48 / 0.875)
+
+
 def test_cached_eval_images_equal_the_uncached_ones(jpeg_tree, tmp_path):
     common = ("data=imagenet", f"data.root={jpeg_tree}", "data.image_size=48", f"data.cache_dir={tmp_path}")
     plain = build_data(make_cfg(*common).data)

@@ -1,6 +1,7 @@
-"""data.cache=raw|jpeg: an ImageFolder split decoded once, each image resized so its shorter side
-is data.cache_size, and stored in one file plus an index: `raw` as uint8 pixels (memory-mapped,
-nothing to decode again), `jpeg` re-encoded at that size (smaller on disk, cheap to decode).
+"""data.cache=raw|jpeg: an ImageFolder split decoded once, each image whose shorter side is longer
+than the split's cache size resized down to it (never up), and stored in one file plus an index:
+`raw` as uint8 pixels (memory-mapped, nothing to decode again), `jpeg` re-encoded at that size
+(smaller on disk, cheap to decode).
 
 A cache is named by a fingerprint of the split's file list (paths, sizes, mtimes) and the
 settings, so a later run on the same tree reuses it and a changed tree or setting builds a new
@@ -27,7 +28,7 @@ from tqdm import tqdm
 from turbotrain.atomic import atomic_write_dir
 
 log = logging.getLogger("turbotrain")
-VERSION = 1  # bump when the stored format changes
+VERSION = 2  # bump when the stored format changes (2: images are never enlarged)
 DATA_FILE, INDEX_FILE = "images.bin", "index.json"
 
 
@@ -50,7 +51,9 @@ class _Decode(Dataset):
 
     def __getitem__(self, i: int):
         try:
-            image = TF.resize(self.read(self.samples[i][0]).as_subclass(torch.Tensor), self.size, antialias=True)
+            image = self.read(self.samples[i][0]).as_subclass(torch.Tensor)
+            if min(image.shape[-2:]) > self.size:  # enlarging would only add bytes
+                image = TF.resize(image, self.size, antialias=True)
         except Exception as e:  # a bad file is skipped and named, as in training
             return i, None, None, f"{type(e).__name__}: {e}"
         data = image.contiguous() if self.kind == "raw" else encode_jpeg(image, quality=90)

@@ -39,7 +39,10 @@ class ImageFolderConfig(DataConfig):
     mean: list[float] = setting(factory=lambda: [0.485, 0.456, 0.406])
     std: list[float] = setting(bound=POSITIVE, factory=lambda: [0.229, 0.224, 0.225])
     cache: str = setting("none", choices=("none", "raw", "jpeg"))  # decode once into data.cache_dir (data/cache.py)
-    cache_size: int | None = setting(None, bound=POSITIVE)  # the cache's shorter side; None: the eval resize
+    # the training split's shorter side in the cache, at most; None: 2 x image_size, so that
+    # RandomResizedCrop's smaller crops are not enlarged from a thumbnail (the validation split is
+    # stored at the eval resize, what evaluation reads)
+    cache_size: int | None = setting(None, bound=POSITIVE)
     decode: str = setting("cpu", choices=("cpu", "gpu"))  # gpu: training JPEGs decoded in batches by nvJPEG
 
 
@@ -136,28 +139,23 @@ class CachedTrain(CacheView):
 
 
 class CachedEval(CacheView):
-    """Evaluation view of a cache: the eval resize (when the cache is not stored at it) and center crop."""
+    """Evaluation view of a cache: the eval resize (nothing to do for images stored at it) and center crop."""
 
     def __init__(self, cache: CachedImages, size: int, resize: int):
-        resized = [] if cache_side(cache) == resize else [v2.Resize(resize, antialias=True)]
-        super().__init__(cache, compose([*resized, v2.CenterCrop(size)]))
+        super().__init__(cache, compose([v2.Resize(resize, antialias=True), v2.CenterCrop(size)]))
 
     def __getitems__(self, indices: list[int]) -> ImageBatch:
         crops = [self._one(image) for image in self.cache.load(indices)]
         return ImageBatch(torch.stack(crops), self.cache.labels[indices])
 
 
-def cache_side(cache: CachedImages) -> int:
-    return min(cache.shapes[0][-2:]) if len(cache) else 0
-
-
 def _cached(cfg, splits: dict[str, tvd.ImageFolder], reader, size: int):
     """(train, val, train_eval) datasets over the decoded cache of each split."""
     resize = int(round(size / 0.875))
-    side = cfg.cache_size or resize
+    sides = {"train": cfg.cache_size or 2 * size, "val": resize}
     root = Path(os.path.expanduser(cfg.cache_dir)) / "decoded"
     name = Path(os.path.expanduser(cfg.root)).resolve().name
-    caches = {k: open_cache(root, f"{name}-{k}", ds.samples, reader, cfg.cache, side) for k, ds in splits.items()}
+    caches = {k: open_cache(root, f"{name}-{k}", ds.samples, reader, cfg.cache, sides[k]) for k, ds in splits.items()}
     ops = [build_op(a) for a in cfg.augment]
     return (
         CachedTrain(caches["train"], size, ops),
