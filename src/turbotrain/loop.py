@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 from omegaconf import OmegaConf
@@ -55,7 +55,7 @@ class TrainState:
 
     def as_dict(self) -> dict:
         self.read_skips()
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "skips"}
+        return {key: value for key, value in vars(self).items() if key != "skips"}  # the counts are in the fields
 
 
 class Diverged(RuntimeError):
