@@ -205,9 +205,8 @@ class Step:
         bad = None
         if self.check_loss:
             bad = (self.reduce(self.nonfinite) if self.reduce else self.nonfinite) > 0  # ranks skip together
+            self.nonfinite.zero_()  # `bad` is its own tensor: the next group counts from zero
         state.count_skip(_optimizer_step(self.model, self.optimizer, self.scheduler, self.precision, self.cfg.grad_clip, bad))
-        if self.check_loss:
-            self.nonfinite.zero_()
         state.global_step += 1
 
     def check(self, state: TrainState) -> None:
