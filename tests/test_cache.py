@@ -13,7 +13,7 @@ from torchvision.transforms.v2 import functional as TF
 from conftest import make_cfg
 from turbotrain.data import build_data
 from turbotrain.data import cache as cache_mod
-from turbotrain.data.crops import draw_boxes, resized_crops
+from turbotrain.data.crops import draw_boxes, resize_batched, resized_crops
 from turbotrain.data.folder import RGBReader
 from turbotrain.pipeline import train
 
@@ -25,20 +25,18 @@ def _photos() -> list[torch.Tensor]:
     return [china[:, :400, :600], flower[:, 20:427, :500], china[:, 50:300, 100:450]] * 8
 
 
-@pytest.mark.parametrize(("size", "tolerance"), [(64, 3.0), (224, 1.0)])
-def test_batched_resized_crops_match_torchvision_per_sample(size, tolerance):
+@pytest.mark.parametrize("size", [64, 224])
+def test_batched_resized_crops_equal_torchvision_per_sample(size):
+    """The CPU path is torchvision's antialiased resized_crop itself; the batched (device) path
+    applies the same filter weights in float, so it may round a pixel the other way."""
     images = _photos()
     torch.manual_seed(0)
     boxes = draw_boxes([tuple(i.shape[-2:]) for i in images])
-    batched = resized_crops(images, boxes, size).float()
-
-    def reference(antialias: bool) -> torch.Tensor:
-        crops = [TF.resized_crop(i, *map(int, b), [size, size], antialias=antialias) for i, b in zip(images, boxes, strict=True)]
-        return torch.stack(crops).float()
-
-    error = (batched - reference(True)).abs().mean().item()
-    aliased = (reference(False) - reference(True)).abs().mean().item()
-    assert error < tolerance and error < 0.6 * aliased, (error, aliased)  # antialiased, not a plain bilinear sample
+    pairs = zip(images, boxes.tolist(), strict=True)
+    reference = torch.stack([TF.resized_crop(i, *b, [size, size], antialias=True) for i, b in pairs])
+    assert torch.equal(resized_crops(images, boxes, size), reference)
+    difference = (resize_batched(images, boxes, size).int() - reference.int()).abs()
+    assert difference.max() <= 1 and difference.float().mean() < 0.25, (difference.max(), difference.float().mean())
 
 
 def test_boxes_follow_random_resized_crop():
