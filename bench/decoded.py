@@ -124,7 +124,7 @@ def cached(repeats: int = 5, batches: int = 100, size: int = 64, batch: int = 64
 
 def cached_accuracy(seeds: tuple[int, ...] = (0, 1, 2), epochs: int = 5, size: int = 64, batch: int = 64) -> Path:
     """Top-1 of resnet18 on the JPEG tree: per-sample decode and crops vs the raw cache's batched
-    crops (the same resize, a different draw order: the numbers differ, the accuracy should not)."""
+    crops (the same draws and the same resize: what differs is the cache's resolution)."""
     root = jpeg_tree()
     common = (*on_tree(root, size, batch), f"trainer.max_epochs={epochs}")
     arms = {"per sample": ("loader.batched=false",), "cache=raw, batched": ("data.cache=raw",)}

@@ -28,7 +28,7 @@ def _batches(cfg, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
         collate_fn=data.collate,
     )
     out = []
-    for x, y in loader:
+    for x, y, *_ in loader:  # the per-sample file path adds its count of bad files
         out.append((x, y))
         if len(out) == n:
             return out
@@ -63,3 +63,16 @@ def test_ops_without_a_batch_form_run_per_sample_with_the_same_draws():
     rotated = torch.stack([ops[1](tv_tensors.Image(i)).as_subclass(torch.Tensor) for i in flipped])
     assert torch.equal(batched, rotated)
     assert not torch.equal(batched, images)
+
+
+def test_cached_batches_are_the_per_sample_batches_of_the_jpeg_files(jpeg_tree, tmp_path):
+    """RandomResizedCrop and flip drawn sample by sample, as the per-sample path does: from a
+    cache that keeps the files' own pixels (no side above 200 px), the batched crops are the
+    per-sample path's crops."""
+    common = ("data=imagenet", f"data.root={jpeg_tree}", "data.image_size=48")
+    cached = _batches(make_cfg(*common, "data.cache=raw", "data.cache_size=200", f"data.cache_dir={tmp_path}"))
+    per_sample = _batches(make_cfg(*common))
+    assert len(cached) == len(per_sample) > 0
+    for (xc, yc), (xs, ys) in zip(cached, per_sample, strict=True):
+        assert torch.equal(yc, ys)
+        torch.testing.assert_close(xc, xs, atol=1e-6, rtol=0)  # normalized per batch vs per sample

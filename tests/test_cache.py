@@ -7,13 +7,15 @@ import shutil
 
 import pytest
 import torch
+from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from conftest import make_cfg
 from turbotrain.data import build_data
 from turbotrain.data import cache as cache_mod
-from turbotrain.data.crops import draw_boxes, resize_batched, resized_crops
+from turbotrain.data.batched import batch_pipeline
+from turbotrain.data.crops import resize_batched, resized_crops
 from turbotrain.data.folder import RGBReader
 from turbotrain.pipeline import train
 
@@ -25,36 +27,36 @@ def _photos() -> list[torch.Tensor]:
     return [china[:, :400, :600], flower[:, 20:427, :500], china[:, 50:300, 100:450]] * 8
 
 
+def _boxes(images: list[torch.Tensor], size: int) -> torch.Tensor:
+    rrc = v2.RandomResizedCrop(size)
+    boxes = [rrc.make_params([image]) for image in images]
+    return torch.tensor([[b["top"], b["left"], b["height"], b["width"]] for b in boxes])
+
+
 @pytest.mark.parametrize("size", [64, 224])
 def test_batched_resized_crops_equal_torchvision_per_sample(size):
     """The CPU path is torchvision's antialiased resized_crop itself; the batched (device) path
     applies the same filter weights in float, so it may round a pixel the other way."""
     images = _photos()
     torch.manual_seed(0)
-    boxes = draw_boxes([tuple(i.shape[-2:]) for i in images])
+    boxes = _boxes(images, size)
     pairs = zip(images, boxes.tolist(), strict=True)
     reference = torch.stack([TF.resized_crop(i, *b, [size, size], antialias=True) for i, b in pairs])
-    assert torch.equal(resized_crops(images, boxes, size), reference)
-    difference = (resize_batched(images, boxes, size).int() - reference.int()).abs()
+    assert torch.equal(resized_crops(images, boxes, (size, size)), reference)
+    difference = (resize_batched(images, boxes, (size, size)).int() - reference.int()).abs()
     assert difference.max() <= 1 and difference.float().mean() < 0.25, (difference.max(), difference.float().mean())
 
 
-def test_boxes_follow_random_resized_crop():
-    shape, n = (300, 400), 4000
-    torch.manual_seed(1)
-    ours = draw_boxes([shape] * n)
-    rrc = v2.RandomResizedCrop(64)
-    torch.manual_seed(2)
-    ref = [rrc.make_params([torch.empty(3, *shape)]) for _ in range(n)]
-    theirs = torch.tensor([[p["top"], p["left"], p["height"], p["width"]] for p in ref], dtype=torch.float32)
-
-    def stats(b: torch.Tensor) -> torch.Tensor:
-        scale = b[:, 2] * b[:, 3] / (shape[0] * shape[1])
-        log_ratio = (b[:, 3] / b[:, 2]).log()
-        q = torch.tensor([0.1, 0.5, 0.9])
-        return torch.cat([scale.quantile(q), log_ratio.quantile(q)])
-
-    assert torch.allclose(stats(ours), stats(theirs), atol=0.03)
+def test_batched_crop_and_flips_draw_what_the_per_sample_path_draws():
+    """Images of different sizes and shapes: the crop boxes and flips come from the same draws in
+    the same order, so the batch is the per-sample pipeline's, pixel for pixel."""
+    ops = [v2.RandomResizedCrop(56), v2.RandomHorizontalFlip(), v2.RandomVerticalFlip(0.3)]
+    images = _photos()
+    torch.manual_seed(4)
+    batched = batch_pipeline(ops)(images)
+    torch.manual_seed(4)
+    per_sample = torch.stack([v2.Compose(ops)(tv_tensors.Image(i)).as_subclass(torch.Tensor) for i in images])
+    assert torch.equal(batched, per_sample)
 
 
 def _tree(jpeg_tree, tmp_path):

@@ -1,61 +1,92 @@
-"""Augmentation of a whole uint8 batch [N, C, H, W] at once, for in-memory image data.
+"""Augmentation of a whole uint8 batch at once: a tensor [N, C, H, W] from an in-memory store, or
+a list of images of different sizes (a decoded cache, nvJPEG batches) when the first op is a
+RandomResizedCrop.
 
-A batch is one index into the tensor store (TensorImageDataset.__getitems__), and its ops run on
-the batch: flips draw one number per sample for the whole batch, in the order the per-sample path
-draws them, so a pipeline whose only random op is a flip gives exactly the per-sample path's
-images; Resize has no randomness and runs on the batch as it is. Any other op runs per sample
-(same draws as before, op by op). With two or more random ops the batch path draws the same
-distributions in a different order.
+Each op with a batch form is split in two: its random draw for one sample, and its application
+to the whole batch. The draws are made sample by sample, op by op, from the global RNG: the order
+the per-sample path draws them in, so a pipeline of crops, flips and resizes gives exactly the
+per-sample path's draws (and, on the CPU, its pixels). Any other op runs per sample after those
+draws (with two such random ops, or one of them and a crop or flip, the order differs from the
+per-sample path's; the distributions do not).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-BatchOp = Callable[[torch.Tensor], torch.Tensor]
+from turbotrain.data.crops import resized_crops
+
+Images = torch.Tensor | list[torch.Tensor]
 
 
-def _flip(p: float, dim: int) -> BatchOp:
-    def flip(images: torch.Tensor) -> torch.Tensor:
-        chosen = torch.rand(len(images)) < p  # v2's per-sample test, `rand(1) < p`, for each sample in turn
-        if chosen.any():
+class BatchOp(NamedTuple):
+    draw: Callable[[tuple[int, int]], Any] | None  # one sample's random draw, from its (h, w)
+    apply: Callable[[Images, list], Images]  # the whole batch, given each sample's draw
+
+
+def _flip(op: v2.Transform, dim: int) -> BatchOp:
+    def draw(_shape) -> bool:
+        return bool(torch.rand(1) < op.p)  # v2's own test, `rand(1) >= p` skips the flip
+
+    def apply(images: torch.Tensor, chosen: list[bool]) -> torch.Tensor:
+        mask = torch.tensor(chosen, device=images.device)
+        if mask.any():
             images = images.clone()
-            images[chosen] = images[chosen].flip(dim)
+            images[mask] = images[mask].flip(dim)
         return images
 
-    return flip
+    return BatchOp(draw, apply)
+
+
+def _crop(op: v2.RandomResizedCrop) -> BatchOp:
+    def draw(shape: tuple[int, int]) -> list[int]:
+        box = op.make_params([torch.empty(0, *shape)])
+        return [box["top"], box["left"], box["height"], box["width"]]
+
+    def apply(images: Images, boxes: list[list[int]]) -> torch.Tensor:
+        return resized_crops(list(images), torch.tensor(boxes), tuple(op.size))
+
+    return BatchOp(draw, apply)
 
 
 def _per_sample(op: v2.Transform) -> BatchOp:
-    def each(images: torch.Tensor) -> torch.Tensor:
+    def each(images: Images, _draws) -> torch.Tensor:
         return torch.stack([op(tv_tensors.Image(image)).as_subclass(torch.Tensor) for image in images])
 
-    return each
+    return BatchOp(None, each)
 
 
-def batch_op(op: v2.Transform) -> BatchOp:
+def batch_op(op: v2.Transform, first: bool) -> BatchOp:
+    """`first`: the op sees the images as they come, so a draw from their shape is the one the
+    per-sample path makes (after a Resize it would not be)."""
     if type(op) is v2.RandomHorizontalFlip:
-        return _flip(op.p, -1)
+        return _flip(op, -1)
     if type(op) is v2.RandomVerticalFlip:
-        return _flip(op.p, -2)
+        return _flip(op, -2)
+    if first and type(op) is v2.RandomResizedCrop and op.interpolation in ("bilinear", v2.InterpolationMode.BILINEAR):
+        return _crop(op)  # both paths antialias (data/crops.py): v2's default, and all we build
     if type(op) is v2.Resize:
-        return op  # deterministic: the same for every image of the batch
+        return BatchOp(None, lambda images, _draws: op(images))  # no randomness: one call for the batch
     return _per_sample(op)
 
 
-def batch_pipeline(ops: Sequence[v2.Transform]) -> BatchOp | None:
-    """The ops as one function of a uint8 batch; None when there are none."""
-    steps = [batch_op(op) for op in ops]
+def batch_pipeline(ops: Sequence[v2.Transform]) -> Callable[[Images], torch.Tensor] | None:
+    """The ops as one function of a batch; None when there are none."""
+    steps = [batch_op(op, first=k == 0) for k, op in enumerate(ops)]
     if not steps:
         return None
+    drawing = [step for step in steps if step.draw]
 
-    def pipeline(images: torch.Tensor) -> torch.Tensor:
+    def pipeline(images: Images) -> torch.Tensor:
+        per_sample = [[step.draw(tuple(image.shape[-2:])) for step in drawing] for image in images]
+        draws = iter(zip(*per_sample, strict=True)) if per_sample else iter([[]] * len(drawing))
         for step in steps:
-            images = step(images)
+            images = step.apply(images, list(next(draws)) if step.draw else [])
         return images
 
     return pipeline

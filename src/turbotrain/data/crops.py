@@ -1,7 +1,7 @@
-"""RandomResizedCrop for a whole batch of images of different sizes: the boxes are drawn per
-sample (torchvision's own sampler, from the global RNG: seeded and saved with the run), and each
-crop is resized with the antialiased bilinear (triangle) filter of torchvision's
-`resized_crop(..., antialias=True)`, so a batch is what the per-sample path would give.
+"""RandomResizedCrop's resize for a whole batch of images of different sizes: each crop is
+resized with the antialiased bilinear (triangle) filter of torchvision's
+`resized_crop(..., antialias=True)`, so a batch is what the per-sample path would give (the boxes
+are drawn by RandomResizedCrop itself, data/batched.py).
 
 Two ways to apply that filter, chosen by where the images are: on the CPU, torch's uint8 resize
 per crop (its vectorized uint8 kernel is the fastest way we measured, faster than one batched
@@ -12,20 +12,11 @@ from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
-from torchvision import transforms as v1
-
-SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)  # RandomResizedCrop's defaults
 
 
-def draw_boxes(shapes: list[tuple[int, int]], scale=SCALE, ratio=RATIO) -> torch.Tensor:
-    """One (top, left, height, width) per image of size (h, w), as RandomResizedCrop draws them."""
-    boxes = [v1.RandomResizedCrop.get_params(torch.empty(0, h, w), list(scale), list(ratio)) for h, w in shapes]
-    return torch.tensor(boxes, dtype=torch.int64)
-
-
-def resize_each(images: list[torch.Tensor], boxes: torch.Tensor, size: int) -> torch.Tensor:
+def resize_each(images: list[torch.Tensor], boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     crops = [
-        F.interpolate(image[None, :, top : top + h, left : left + w], size=(size, size), mode="bilinear", antialias=True)
+        F.interpolate(image[None, :, top : top + h, left : left + w], size=size, mode="bilinear", antialias=True)
         for image, (top, left, h, w) in zip(images, boxes.tolist(), strict=True)
     ]
     return torch.cat(crops)
@@ -45,19 +36,15 @@ def filter_weights(start: torch.Tensor, length: torch.Tensor, size: int, extent:
     return weights / weights.sum(-1, keepdim=True)
 
 
-def resize_batched(images: list[torch.Tensor], boxes: torch.Tensor, size: int) -> torch.Tensor:
+def resize_batched(images: list[torch.Tensor], boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     hmax, wmax = max(i.shape[-2] for i in images), max(i.shape[-1] for i in images)
     batch = torch.stack([F.pad(i.float(), (0, wmax - i.shape[-1], 0, hmax - i.shape[-2])) for i in images])
     top, left, height, width = boxes.to(batch.device).unbind(1)
-    rows, cols = filter_weights(top, height, size, hmax), filter_weights(left, width, size, wmax)
+    rows, cols = filter_weights(top, height, size[0], hmax), filter_weights(left, width, size[1], wmax)
     out = rows[:, None] @ batch @ cols[:, None].transpose(-1, -2)
     return out.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def resized_crops(images: list[torch.Tensor], boxes: torch.Tensor, size: int) -> torch.Tensor:
-    """uint8 [N, C, size, size]: image k's crop `boxes[k]` (top, left, height, width), resized."""
+def resized_crops(images: list[torch.Tensor], boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 [N, C, *size]: image k's crop `boxes[k]` (top, left, height, width), resized."""
     return resize_each(images, boxes, size) if images[0].device.type == "cpu" else resize_batched(images, boxes, size)
-
-
-def random_resized_crops(images: list[torch.Tensor], size: int) -> torch.Tensor:
-    return resized_crops(images, draw_boxes([tuple(i.shape[-2:]) for i in images]), size)

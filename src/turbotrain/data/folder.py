@@ -22,7 +22,6 @@ from turbotrain.data.augment import build_op, compose, to_float
 from turbotrain.data.batched import batch_pipeline
 from turbotrain.data.bundle import DATA, DataBundle
 from turbotrain.data.cache import CachedImages, open_cache
-from turbotrain.data.crops import random_resized_crops
 from turbotrain.data.safe import SafeDataset, collate_skipping_bad
 from turbotrain.data.vision import DataConfig, ImageBatch, NormalizeCollate
 from turbotrain.schema import POSITIVE, ConfigError, setting
@@ -53,7 +52,7 @@ class GpuDecodedTrain(Dataset):
     counted (the third element of the batch), as bad samples are on the CPU path."""
 
     def __init__(self, folder: tvd.ImageFolder, size: int, ops: list[v2.Transform]):
-        self.samples, self.size, self.batch_ops = folder.samples, size, batch_pipeline(ops)
+        self.samples, self.augment = folder.samples, batch_pipeline([v2.RandomResizedCrop(size, antialias=True), *ops])
         self.device = torch.device("cuda")
 
     def __len__(self) -> int:
@@ -75,9 +74,8 @@ class GpuDecodedTrain(Dataset):
     def __getitems__(self, indices: list[int]):
         decoded = self._decode([self.samples[i][0] for i in indices])
         kept = [k for k, image in enumerate(decoded) if image is not None]
-        images = random_resized_crops([decoded[k] for k in kept], self.size)
+        images = self.augment([decoded[k] for k in kept])
         labels = torch.tensor([self.samples[indices[k]][1] for k in kept], device=self.device)
-        images = self.batch_ops(images) if self.batch_ops else images
         return ImageBatch(images, labels), len(indices) - len(kept)
 
     def __getitem__(self, i: int):
@@ -126,16 +124,16 @@ class CacheView(Dataset):
 
 
 class CachedTrain(CacheView):
-    """Training view of a cache: RandomResizedCrop then `ops`; a batch is cropped and resized in
-    one call (data/crops.py) and augmented as a batch (data/batched.py)."""
+    """Training view of a cache: RandomResizedCrop then `ops`, per sample or for a whole batch
+    (data/batched.py) with the same draws."""
 
     def __init__(self, cache: CachedImages, size: int, ops: list[v2.Transform]):
-        super().__init__(cache, compose([v2.RandomResizedCrop(size, antialias=True), *ops]))
-        self.size, self.batch_ops = size, batch_pipeline(ops)
+        ops = [v2.RandomResizedCrop(size, antialias=True), *ops]
+        super().__init__(cache, compose(ops))
+        self.augment = batch_pipeline(ops)
 
     def __getitems__(self, indices: list[int]) -> ImageBatch:
-        images = random_resized_crops(self.cache.load(indices), self.size)
-        return ImageBatch(self.batch_ops(images) if self.batch_ops else images, self.cache.labels[indices])
+        return ImageBatch(self.augment(self.cache.load(indices)), self.cache.labels[indices])
 
 
 class CachedEval(CacheView):
