@@ -57,8 +57,18 @@ def _outputs_and_grads(fn, q, k, v, keep):
 
 
 # (n, window, block, global tokens): blocks that divide n or not, block below, at and above the
-# window, several global tokens, a window covering the sequence (full attention)
-SHAPES = [(100, 10, 10, 1), (100, 10, 5, 2), (97, 7, 3, 0), (64, 8, 16, 1), (50, 3, 7, 3), (40, 39, 8, 1)]
+# window, several global tokens, a window covering the sequence (full attention); block = window
+# dividing n without padding takes the causal-triangle path (several groups of blocks; two blocks)
+SHAPES = [
+    (100, 10, 10, 1),
+    (100, 10, 5, 2),
+    (97, 7, 3, 0),
+    (64, 8, 16, 1),
+    (50, 3, 7, 3),
+    (40, 39, 8, 1),
+    (96, 8, 8, 0),
+    (16, 8, 8, 2),
+]
 
 
 @pytest.mark.parametrize("padding", ["none", "right", "left", "hole"])

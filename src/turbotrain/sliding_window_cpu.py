@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from turbotrain import sliding_window_triangles as triangles
 from turbotrain.sliding_window_layout import Layout, additive, band_mask, regular_runs
 
 flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -105,17 +106,49 @@ def _blocks(lse: torch.Tensor, lay: Layout) -> torch.Tensor:
     return lse.view(lay.b, lay.h, lay.blocks, lay.blk).transpose(1, 2).reshape(-1, lay.h, lay.blk)
 
 
+def _blocked(x: torch.Tensor, lay: Layout) -> torch.Tensor:
+    """[b, h, n, d] -> [b * blocks, h, blk, d]: each block's rows, a view."""
+    return _flat(x, lay).view(-1, lay.blk, lay.h, lay.d).transpose(1, 2)
+
+
+def _bands(q, key, value, keep, lay: Layout, scaling: float, out, lse) -> None:
+    """The band's output and log-sum-exp of every query block, into `out` and `lse`."""
+    if triangles.fits(keep, lay):
+        triangles.forward(q, _blocked(key, lay), _blocked(value, lay), out, lse, scaling, lay)
+        return
+    kp, vp = _pieces(_flat(key, lay), lay), _pieces(_flat(value, lay), lay)
+    for a, z, mask, p, i in _plan(keep, lay, q.dtype):
+        kw, vw = _windows(kp[p], lay)[i : i + z - a], _windows(vp[p], lay)[i : i + z - a]
+        o, m = flash(q[a:z], kw, vw, attn_mask=mask, scale=scaling)
+        out[a:z], lse[a:z] = o.transpose(1, 2), m
+
+
+def _bands_backward(grad, q, key, value, keep, out, lse, lay: Layout, scaling: float):
+    """The band's dq, dk, dv in the [b * blocks, blk, h, d] layout; grad and out in that layout too."""
+    grad_blocks, out_blocks = grad.transpose(1, 2), out.transpose(1, 2)
+    if triangles.fits(keep, lay):
+        return triangles.backward(grad_blocks, q, _blocked(key, lay), _blocked(value, lay), out_blocks, lse, scaling, lay)
+    kp, vp = _pieces(_flat(key, lay), lay), _pieces(_flat(value, lay), lay)
+    dq = torch.empty_like(out)  # every block is written
+    dk, dv = (torch.zeros(lay.b * lay.n_pad, lay.h, lay.d, dtype=q.dtype, device=q.device) for _ in range(2))
+    for a, z, mask, p, i in _plan(keep, lay, q.dtype):
+        kw, vw = _windows(kp[p], lay)[i : i + z - a], _windows(vp[p], lay)[i : i + z - a]
+        gq, gk, gv = flash_backward(
+            grad_blocks[a:z], q[a:z], kw, vw, out_blocks[a:z], lse[a:z], 0.0, False, attn_mask=mask, scale=scaling
+        )  # fmt: skip
+        dq[a:z] = gq.transpose(1, 2)
+        start = _bounds(lay)[p][2] + i * lay.blk  # flat row of the first window's first key
+        _fold(dk, gk, start, z - a, lay)
+        _fold(dv, gv, start, z - a, lay)
+    return dq, dk, dv
+
+
 class FlashBands(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, keep, lay: Layout, g: int, scaling: float):
-        q = _flat(query, lay).view(-1, lay.blk, lay.h, lay.d).transpose(1, 2)  # [b * blocks, h, blk, d]
-        kp, vp = _pieces(_flat(key, lay), lay), _pieces(_flat(value, lay), lay)
         out = query.new_empty(lay.b * lay.blocks, lay.blk, lay.h, lay.d)  # [b, n, h, d] order, as SDPA's output
         lse = torch.empty(lay.b * lay.blocks, lay.h, lay.blk, dtype=_acc(query), device=query.device)
-        for a, z, mask, p, i in _plan(keep, lay, query.dtype):
-            kw, vw = _windows(kp[p], lay)[i : i + z - a], _windows(vp[p], lay)[i : i + z - a]
-            o, m = flash(q[a:z], kw, vw, attn_mask=mask, scale=scaling)
-            out[a:z], lse[a:z] = o.transpose(1, 2), m
+        _bands(_blocked(query, lay), key, value, keep, lay, scaling, out, lse)
         out = out.view(lay.b, lay.n_pad, lay.h, lay.d)
         g_lse = None
         if g:
@@ -130,28 +163,13 @@ class FlashBands(torch.autograd.Function):
     def backward(ctx, grad):
         query, key, value, keep, out, lse, g_lse = ctx.saved_tensors
         lay, g, scaling = ctx.lay, ctx.g, ctx.scaling
-        q = _flat(query, lay).view(-1, lay.blk, lay.h, lay.d).transpose(1, 2)
-        kp, vp = _pieces(_flat(key, lay), lay), _pieces(_flat(value, lay), lay)
         band_grad = grad
         if g:  # the global queries' rows are not the band's
             band_grad = grad.clone()
             band_grad[:, :g] = 0
-        grad_blocks = band_grad.reshape(-1, lay.blk, lay.h, lay.d)
-        out_blocks = out.view(-1, lay.blk, lay.h, lay.d)
-        dq = torch.empty_like(out).view(-1, lay.blk, lay.h, lay.d)  # every block is written
-        dk, dv = (torch.zeros(lay.b * lay.n_pad, lay.h, lay.d, dtype=query.dtype, device=query.device) for _ in range(2))
-        for a, z, mask, p, i in _plan(keep, lay, query.dtype):
-            kw, vw = _windows(kp[p], lay)[i : i + z - a], _windows(vp[p], lay)[i : i + z - a]
-            gq, gk, gv = flash_backward(
-                grad_blocks[a:z].transpose(1, 2), q[a:z], kw, vw, out_blocks[a:z].transpose(1, 2), lse[a:z], 0.0, False,
-                attn_mask=mask, scale=scaling,
-            )  # fmt: skip
-            dq[a:z] = gq.transpose(1, 2)
-            start = _bounds(lay)[p][2] + i * lay.blk  # flat row of the first window's first key
-            _fold(dk, gk, start, z - a, lay)
-            _fold(dv, gv, start, z - a, lay)
-        dq4 = dq.view(lay.b, lay.n_pad, lay.h, lay.d)
-        dk4, dv4 = dk.view(lay.b, lay.n_pad, lay.h, lay.d), dv.view(lay.b, lay.n_pad, lay.h, lay.d)
+        grad_blocks, out_blocks = band_grad.reshape(-1, lay.blk, lay.h, lay.d), out.view(-1, lay.blk, lay.h, lay.d)
+        grads = _bands_backward(grad_blocks, _blocked(query, lay), key, value, keep, out_blocks, lse, lay, scaling)
+        dq4, dk4, dv4 = (t.view(lay.b, lay.n_pad, lay.h, lay.d) for t in grads)
         if g:
             _globals_backward(band_grad, grad, out, lse, g_lse, query, key, value, keep, lay, g, scaling, (dq4, dk4, dv4))
         return (*(t[:, : lay.n].transpose(1, 2) for t in (dq4, dk4, dv4)), None, None, None, None)
