@@ -111,7 +111,7 @@ def _blocked(x: torch.Tensor, lay: Layout) -> torch.Tensor:
     return _flat(x, lay).view(-1, lay.blk, lay.h, lay.d).transpose(1, 2)
 
 
-def _bands(q, key, value, keep, lay: Layout, scaling: float, out, lse) -> None:
+def _bands(q, key, value, keep, out, lse, lay: Layout, scaling: float) -> None:
     """The band's output and log-sum-exp of every query block, into `out` and `lse`."""
     if triangles.fits(keep, lay):
         triangles.forward(q, _blocked(key, lay), _blocked(value, lay), out, lse, scaling, lay)
@@ -148,7 +148,7 @@ class FlashBands(torch.autograd.Function):
     def forward(ctx, query, key, value, keep, lay: Layout, g: int, scaling: float):
         out = query.new_empty(lay.b * lay.blocks, lay.blk, lay.h, lay.d)  # [b, n, h, d] order, as SDPA's output
         lse = torch.empty(lay.b * lay.blocks, lay.h, lay.blk, dtype=_acc(query), device=query.device)
-        _bands(_blocked(query, lay), key, value, keep, lay, scaling, out, lse)
+        _bands(_blocked(query, lay), key, value, keep, out, lse, lay, scaling)
         out = out.view(lay.b, lay.n_pad, lay.h, lay.d)
         g_lse = None
         if g:
