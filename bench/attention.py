@@ -51,7 +51,7 @@ def measure(attention: dict, length: int, dtype: str | None, steps: int = 2) -> 
     model = build_text_model(OmegaConf.create({"name": "minilm"}), 6, length, vocab_size=30522)
     apply_attention(model, OmegaConf.merge(OmegaConf.structured(ATTENTION[attention["name"]].schema), attention))  # its defaults
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)  # as turbotrain.optim builds it
     ids = torch.randint(1000, 30000, (2, length))
     mask = torch.ones_like(ids)
     y = torch.tensor([0, 1])

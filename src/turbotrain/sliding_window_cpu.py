@@ -82,18 +82,46 @@ def _padded(query: torch.Tensor, lay: Layout) -> torch.Tensor:
     return F.pad(query, (0, 0, 0, lay.n_pad - lay.n)) if lay.n_pad > lay.n else query
 
 
+def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for [b, h, m, k] x [b, h, k, p], one bmm per sequence: q, k, v and their gradients are
+    [b, n, h, d] underneath, which torch.matmul would copy whole to fold b and h together."""
+    out = a.new_empty(*a.shape[:-1], b.shape[-1])
+    for x, y, o in zip(a, b, out, strict=True):
+        torch.bmm(x, y, out=o)
+    return out
+
+
 def _global_scores(q4, key, keep, lay: Layout, g: int, scaling: float) -> torch.Tensor:
     """[b, h, n_pad, g] fp32 scores of every query against the global keys outside its window."""
     acc = _acc(key)
-    s = (q4.to(acc) @ key[:, :, :g].to(acc).transpose(-1, -2)) * scaling
+    s = _bmm(q4.to(acc), key[:, :, :g].to(acc).transpose(-1, -2)) * scaling
     q_pos = torch.arange(lay.n_pad, device=keep.device)[:, None]
     outside = (q_pos - torch.arange(g, device=keep.device)) > lay.window
     return s.masked_fill(~(outside & keep[:, None, None, :g]), float("-inf"))
 
 
-def _global_rows_mask(keep: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:
-    """The global queries see every real key, and the global keys always (no empty row)."""
-    return additive((keep | (torch.arange(keep.shape[1], device=keep.device) < g))[:, None, None, :], dtype)
+def _global_rows(query, key, keep, g: int, scaling: float) -> torch.Tensor:
+    """[b, h, g, n] fp32 probabilities of the global queries over every real key, and the global
+    keys always (no empty row). Plain products: for g rows the flash kernel would zero-fill and
+    copy key gradients at the keys' full size."""
+    acc = _acc(key)
+    s = _bmm(query[:, :, :g].to(acc), key.to(acc).transpose(-1, -2)) * scaling
+    seen = keep | (torch.arange(keep.shape[1], device=keep.device) < g)
+    return torch.softmax(s.masked_fill(~seen[:, None, None, :], float("-inf")), -1)
+
+
+def _add_outer(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """out += a @ b where the inner size is the few global tokens: one multiply-add per token in
+    `out`'s own layout, in place (a product would allocate and fill a new tensor of out's size)."""
+    for j in range(a.shape[-1]):
+        out.addcmul_(a[..., j : j + 1], b[..., j : j + 1, :])
+
+
+def _score_grad(p, d_out, out, v, scaling: float) -> torch.Tensor:
+    """The scores' gradient through probabilities `p` of queries over keys with values v, where
+    `out` and `d_out` are the queries' whole output and its gradient (p may cover part of their keys)."""
+    delta = (d_out * out).sum(-1, keepdim=True)
+    return p * (_bmm(d_out, v.transpose(-1, -2)) - delta) * scaling
 
 
 def _rows(lse: torch.Tensor, lay: Layout) -> torch.Tensor:
@@ -150,18 +178,16 @@ class FlashBands(torch.autograd.Function):
         lse = torch.empty(lay.b * lay.blocks, lay.h, lay.blk, dtype=_acc(query), device=query.device)
         _bands(_blocked(query, lay), key, value, keep, out, lse, lay, scaling)
         out = out.view(lay.b, lay.n_pad, lay.h, lay.d)
-        g_lse = None
         if g:
             lse = _merge_globals(out, lse, query, key, value, keep, lay, g, scaling)
-            g_out, g_lse = flash(query[:, :, :g], key, value, attn_mask=_global_rows_mask(keep, g, query.dtype), scale=scaling)
-            out[:, :g] = g_out.transpose(1, 2)
-        ctx.save_for_backward(query, key, value, keep, out, lse, g_lse)
+            out[:, :g] = _bmm(_global_rows(query, key, keep, g, scaling), value.to(lse.dtype)).transpose(1, 2)
+        ctx.save_for_backward(query, key, value, keep, out, lse)
         ctx.lay, ctx.g, ctx.scaling = lay, g, scaling
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        query, key, value, keep, out, lse, g_lse = ctx.saved_tensors
+        query, key, value, keep, out, lse = ctx.saved_tensors
         lay, g, scaling = ctx.lay, ctx.g, ctx.scaling
         band_grad = grad
         if g:  # the global queries' rows are not the band's
@@ -171,7 +197,7 @@ class FlashBands(torch.autograd.Function):
         grads = _bands_backward(grad_blocks, _blocked(query, lay), key, value, keep, out_blocks, lse, lay, scaling)
         dq4, dk4, dv4 = (t.view(lay.b, lay.n_pad, lay.h, lay.d) for t in grads)
         if g:
-            _globals_backward(band_grad, grad, out, lse, g_lse, query, key, value, keep, lay, g, scaling, (dq4, dk4, dv4))
+            _globals_backward(band_grad, grad, out, lse, query, key, value, keep, lay, g, scaling, (dq4, dk4, dv4))
         return (*(t[:, : lay.n].transpose(1, 2) for t in (dq4, dk4, dv4)), None, None, None, None)
 
 
@@ -190,28 +216,26 @@ def _merge_globals(out, lse, query, key, value, keep, lay: Layout, g: int, scali
     s = _global_scores(_padded(query, lay), key, keep, lay, g, scaling)
     band_lse = _rows(lse, lay)
     total = torch.logaddexp(band_lse, torch.logsumexp(s, -1))
-    contrib = torch.exp(s - total[..., None]) @ value[:, :, :g].to(s.dtype)
     view = out.transpose(1, 2)  # [b, h, n_pad, d]
-    view.copy_(view * torch.exp(band_lse - total)[..., None] + contrib)
+    view.mul_(torch.exp(band_lse - total)[..., None])
+    _add_outer(view, torch.exp(s - total[..., None]), value[:, :, :g])
     return _blocks(total, lay)
 
 
-def _globals_backward(band_grad, grad, out, lse, g_lse, query, key, value, keep, lay, g, scaling, grads) -> None:
+def _globals_backward(band_grad, grad, out, lse, query, key, value, keep, lay, g, scaling, grads) -> None:
     """The global keys' part of the band queries' gradient (softmax backward over the merged
     probabilities), then the global queries' full rows."""
     dq4, dk4, dv4 = grads
-    q4 = _padded(query, lay)
+    acc = lse.dtype
+    q4, k4, v4 = (x.to(acc) for x in (_padded(query, lay), key, value))
     p = torch.exp(_global_scores(q4, key, keep, lay, g, scaling) - _rows(lse, lay)[..., None])  # [b, h, n_pad, g]
-    acc = p.dtype
-    d_out = band_grad.transpose(1, 2).to(acc)  # [b, h, n_pad, d]
-    delta = (d_out * out.transpose(1, 2).to(acc)).sum(-1, keepdim=True)
-    ds = p * (d_out @ value[:, :, :g].to(acc).transpose(-1, -2) - delta) * scaling
-    dq4.transpose(1, 2).add_((ds @ key[:, :, :g].to(acc)).to(dq4.dtype))
-    dk4[:, :g].add_((ds.transpose(-1, -2) @ q4.to(acc)).transpose(1, 2).to(dk4.dtype))
-    dv4[:, :g].add_((p.transpose(-1, -2) @ d_out).transpose(1, 2).to(dv4.dtype))
-    mask = _global_rows_mask(keep, g, query.dtype)
-    q_g, o_g, d_g = query[:, :, :g], out[:, :g].transpose(1, 2), grad[:, :g].transpose(1, 2)
-    gq, gk, gv = flash_backward(d_g, q_g, key, value, o_g, g_lse, 0.0, False, attn_mask=mask, scale=scaling)
-    dq4[:, :g].add_(gq.transpose(1, 2))
-    dk4[:, : lay.n].add_(gk.transpose(1, 2))
-    dv4[:, : lay.n].add_(gv.transpose(1, 2))
+    o4, d4 = out.transpose(1, 2).to(acc), band_grad.transpose(1, 2).to(acc)
+    ds = _score_grad(p, d4, o4, v4[:, :, :g], scaling)
+    _add_outer(dq4.transpose(1, 2), ds, k4[:, :, :g])
+    dk4[:, :g].add_(_bmm(ds.transpose(-1, -2), q4).transpose(1, 2))
+    dv4[:, :g].add_(_bmm(p.transpose(-1, -2), d4).transpose(1, 2))
+    p, d_g = _global_rows(query, key, keep, g, scaling), grad[:, :g].transpose(1, 2).to(acc)
+    ds = _score_grad(p, d_g, o4[:, :, :g], v4, scaling)
+    dq4[:, :g].add_(_bmm(ds, k4).transpose(1, 2))
+    _add_outer(dk4[:, : lay.n].transpose(1, 2), ds.transpose(-1, -2), q4[:, :, :g])
+    _add_outer(dv4[:, : lay.n].transpose(1, 2), p.transpose(-1, -2), d_g)

@@ -56,8 +56,8 @@ def forward(q, k, v, out: torch.Tensor, lse: torch.Tensor, scaling: float, lay: 
         merged = l_own.clone()
         for i, j, _, part in pieces[1:]:
             merged[i - a : j - a] = torch.logaddexp(merged[i - a : j - a], part)
-        total = torch.zeros(o_own.shape, dtype=merged.dtype)  # the kernel's accumulation type
-        for i, j, o, part in pieces:
+        total = o_own.to(merged.dtype) * torch.exp(l_own - merged)[..., None]  # the kernel's accumulation type
+        for i, j, o, part in pieces[1:]:
             total[i - a : j - a] += o.to(merged.dtype) * torch.exp(part - merged[i - a : j - a])[..., None]
         out[a:z], lse[a:z] = total.transpose(1, 2), merged
 
@@ -65,11 +65,14 @@ def forward(q, k, v, out: torch.Tensor, lse: torch.Tensor, scaling: float, lay: 
 def backward(grad, q, k, v, out, lse, scaling: float, lay: Layout) -> tuple[torch.Tensor, ...]:
     """grad and out: [b * blocks, h, blk, d] views, like q, k, v; returns dq, dk, dv in the
     [b * blocks, blk, h, d] layout."""
-    dq, dk, dv = (torch.zeros(lay.b * lay.blocks, lay.blk, lay.h, lay.d, dtype=q.dtype) for _ in range(3))
+    # a group's own part writes its query blocks' dq first; its next-block part reaches the next
+    # group's first key block, which that group's own part has not written yet
+    dq = torch.empty(lay.b * lay.blocks, lay.blk, lay.h, lay.d, dtype=q.dtype)
+    dk, dv = (torch.zeros_like(dq) for _ in range(2))
     dq4, dk4, dv4 = (t.transpose(1, 2) for t in (dq, dk, dv))
     for a, z, c, p in _parts(lay):
         gq, gk, gv = flash_backward(grad[a:z], q[a:z], k[a:z], v[a:z], out[a:z], lse[a:z], 0.0, False, scale=scaling)
-        dq4[a:z] += gq
+        dq4[a:z] = gq
         dk4[a:z] += gk
         dv4[a:z] += gv
         if c > a:
