@@ -23,7 +23,7 @@ BENCHES = {  # CPU sizes: minutes each on 2 cores
     "resolution": ("resolution", "run", {}),
     "prune": ("prune", "run", {}),  # reads two of the recipes' runs
     "conv_lowrank": ("prune", "run", {"name": "conv_lowrank"}),  # and this one, a third
-    "attention": ("attention", "run", {}),
+    "attention": ("attention", "run", {"repeats": 3}),
     "attention_accuracy": ("attention_accuracy", "run", {}),  # ~60
     "overhead": ("overhead", "run", {}),
     "skip_sync": ("skip_sync", "run", {}),

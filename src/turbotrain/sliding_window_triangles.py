@@ -2,8 +2,9 @@
 multiple of the block. Query block J then sees exactly three key blocks: all of J, the keys of
 J + 1 at or before its own position (a causal triangle), and the keys of J - 1 at or after it
 (the same triangle with both blocks reversed). Each part is one call of torch's flash kernel with
-`is_causal`, which skips the triangles' empty halves and reads no mask, on views of the keys
-themselves (the reversed part on small reversed copies, made per call and not kept).
+`is_causal`, which reads no mask, on views of the keys themselves (the reversed part on small
+reversed copies, made per call and not kept). At these sizes torch's kernel does not skip a
+triangle's empty half (it skips whole 512-key tiles only): a triangle costs a full block.
 
 The parts are merged through their log-sum-exps; the flash backward of each part, given the
 merged output and log-sum-exp, is that part's share of the exact gradient. Query blocks go in
