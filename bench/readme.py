@@ -86,6 +86,7 @@ FIGURES = {
     "overhead": ("overhead", "figures"),
     "skip_sync": ("skip_sync", "figures"),
     "loader": ("loader", "figures"),
+    "malloc": ("loader", "figures"),
     "loader_pipeline": ("decoded", "pipeline_figures"),
     "loader_cached_accuracy": ("decoded", "accuracy_figures"),
     "autotune": ("autotune", "figures"),

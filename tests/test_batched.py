@@ -53,6 +53,18 @@ def test_batched_loader_gives_the_per_sample_batches(overrides):
         assert torch.equal(yb, ys) and torch.equal(xb, xs)
 
 
+def test_flips_drawn_for_the_whole_batch_at_once_are_the_per_sample_draws():
+    images = torch.randint(0, 256, (16, 3, 5, 7), dtype=torch.uint8)
+    ops = [v2.RandomHorizontalFlip(0.5), v2.RandomVerticalFlip(0.3)]
+    torch.manual_seed(5)
+    batched = batch_pipeline(ops)(images)
+    after_batched = torch.rand(1)
+    torch.manual_seed(5)
+    per_sample = torch.stack([v2.Compose(ops)(tv_tensors.Image(i)).as_subclass(torch.Tensor) for i in images])
+    assert torch.equal(batched, per_sample)
+    assert torch.equal(after_batched, torch.rand(1))  # the same numbers consumed: later draws agree too
+
+
 def test_ops_without_a_batch_form_run_per_sample_with_the_same_draws():
     images = torch.randint(0, 256, (8, 3, 12, 12), dtype=torch.uint8)
     ops = [v2.RandomHorizontalFlip(0.5), v2.RandomRotation(30)]

@@ -45,6 +45,7 @@ class TrainerConfig:
     nan_patience: int = setting(20, bound=POSITIVE)  # consecutive skipped steps before the run counts as diverged
     nan_check: str = setting("loss", choices=("loss", "grads"))  # what on_nan=skip checks: losses (free) | gradient norm
     threads: int | None = setting(None, bound=POSITIVE)
+    malloc: str = setting("retain", choices=("retain", "system"))  # retain: freed memory stays for the next step (allocator.py)
     autotune: bool = False  # time each setting in autotune_knobs for a few steps, keep the fastest
     # default: the settings that leave the numerics alone; attention_kernel (may swap sliding_window for full) only when listed
     autotune_knobs: list[str] = setting(factory=lambda: list(KNOBS))

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from turbotrain import checkpoint as ckpt_io
 from turbotrain import distributed as dist
 from turbotrain import resume
+from turbotrain.allocator import configure_malloc
 from turbotrain.atomic import remove_stale_temps
 from turbotrain.build import Parts, build
 from turbotrain.compression import prune
@@ -53,6 +54,7 @@ def launch_workers(cfg, run_dir: Path, overrides) -> float:
 def train_here(cfg, run_dir: Path) -> float:
     """Train in this process: alone, or as one rank of a DDP group."""
     seed_everything(cfg.trainer.seed)
+    configure_malloc(cfg.trainer.malloc)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     with watch_signals() as stop:

@@ -27,6 +27,7 @@ Images = torch.Tensor | list[torch.Tensor]
 class BatchOp(NamedTuple):
     draw: Callable[[tuple[int, int]], Any] | None  # one sample's random draw, from its (h, w)
     apply: Callable[[Images, list], Images]  # the whole batch, given each sample's draw
+    coin: float | None = None  # the draw is `torch.rand(1) < coin` alone (a flip's)
 
 
 def _flip(op: v2.Transform, dim: int) -> BatchOp:
@@ -40,7 +41,7 @@ def _flip(op: v2.Transform, dim: int) -> BatchOp:
             images[mask] = images[mask].flip(dim)
         return images
 
-    return BatchOp(draw, apply)
+    return BatchOp(draw, apply, coin=op.p)
 
 
 def _crop(op: v2.RandomResizedCrop) -> BatchOp:
@@ -81,15 +82,25 @@ def batch_pipeline(ops: Sequence[v2.Transform]) -> Callable[[Images], torch.Tens
     if not steps:
         return None
     drawing = [step for step in steps if step.draw]
+    coins = torch.tensor([step.coin for step in drawing]) if all(step.coin is not None for step in drawing) else None
 
     def pipeline(images: Images) -> torch.Tensor:
-        per_sample = [[step.draw(tuple(image.shape[-2:])) for step in drawing] for image in images]
-        draws = iter(zip(*per_sample, strict=True)) if per_sample else iter([[]] * len(drawing))
+        draws = iter(_draws(images, drawing, coins))
         for step in steps:
-            images = step.apply(images, list(next(draws)) if step.draw else [])
+            images = step.apply(images, next(draws) if step.draw else [])
         return images
 
     return pipeline
+
+
+def _draws(images: Images, drawing: list[BatchOp], coins: torch.Tensor | None) -> list[list]:
+    """Each drawing op's draws for the batch, made sample by sample, op by op. When every draw
+    is one `rand(1)` (flips), one `rand` of them all: the CPU generator gives the same numbers in
+    the same order, without a Python call per sample (about half the batch's data time)."""
+    if coins is not None:
+        return (torch.rand(len(images), len(coins)) < coins).T.tolist()
+    per_sample = [[step.draw(tuple(image.shape[-2:])) for step in drawing] for image in images]
+    return [list(d) for d in zip(*per_sample, strict=True)] if per_sample else [[]] * len(drawing)
 
 
 def ops_of(transform: v2.Transform) -> list[v2.Transform]:

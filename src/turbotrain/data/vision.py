@@ -114,16 +114,16 @@ class NormalizeCollate:
     model on small images); takes an ImageBatch, or a list of (image, label) samples."""
 
     def __init__(self, mean: list[float], std: list[float]):
-        self.mean = torch.tensor(mean).view(1, -1, 1, 1)
+        self.shift = torch.tensor(mean).view(1, -1, 1, 1) * 255.0
         self.std = torch.tensor(std).view(1, -1, 1, 1) * 255.0
 
     def __call__(self, batch):
         if isinstance(batch, ImageBatch):
-            images, labels = batch.images.float(), batch.labels
+            images, labels = batch.images, batch.labels
         else:
-            images, labels = torch.stack([b[0] for b in batch]).float(), torch.tensor([b[1] for b in batch])
-        mean, std = self.mean.to(images.device), self.std.to(images.device)
-        return (images - mean * 255.0) / std, labels
+            images, labels = torch.stack([b[0] for b in batch]), torch.tensor([b[1] for b in batch])
+        images = images.to(torch.float32, copy=True)  # normalized in place: never the store's own tensor
+        return images.sub_(self.shift.to(images.device)).div_(self.std.to(images.device)), labels
 
 
 def _tensor_pipelines(cfg, native_size: int) -> tuple[v2.Compose, v2.Compose, int]:
