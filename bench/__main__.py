@@ -16,6 +16,7 @@ BENCHES = {  # CPU sizes: minutes each on 2 cores
     "inference": ("inference", "run", {}),
     "loader": ("loader", "run", {}),
     "loader_in_memory": ("loader", "in_memory", {}),
+    "loader_in_memory_accuracy": ("loader", "in_memory_accuracy", {}),
     "malloc": ("malloc", "run", {}),
     "loader_cached": ("decoded", "cached", {}),
     "loader_pipeline": ("decoded", "pipeline_alone", {}),

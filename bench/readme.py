@@ -89,6 +89,7 @@ FIGURES = {
     "malloc": ("loader", "figures"),
     "loader_pipeline": ("decoded", "pipeline_figures"),
     "loader_cached_accuracy": ("decoded", "accuracy_figures"),
+    "loader_in_memory_accuracy": ("decoded", "accuracy_figures"),
     "autotune": ("autotune", "figures"),
     "attention": ("attention", "figures"),
     "attention_accuracy": ("attention_accuracy", "figures"),
