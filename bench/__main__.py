@@ -21,6 +21,7 @@ BENCHES = {  # CPU sizes: minutes each on 2 cores
     "loader_cached": ("decoded", "cached", {}),
     "loader_pipeline": ("decoded", "pipeline_alone", {}),
     "loader_cached_accuracy": ("decoded", "cached_accuracy", {}),
+    "loader_cached_accuracy_224px": ("decoded", "cached_accuracy", {"cache_size": 224}),  # the files' own size
     "autotune": ("autotune", "run", {}),
     "resolution": ("resolution", "run", {}),
     "prune": ("prune", "run", {}),  # reads two of the recipes' runs

@@ -122,18 +122,25 @@ def cached(repeats: int = 5, batches: int = 100, size: int = 64, batch: int = 64
     )
 
 
-def cached_accuracy(seeds: tuple[int, ...] = (0, 1, 2), epochs: int = 5, size: int = 64, batch: int = 64) -> Path:
+def cached_accuracy(
+    seeds: tuple[int, ...] = (0, 1, 2), epochs: int = 5, size: int = 64, batch: int = 64, cache_size: int | None = None
+) -> Path:
     """Top-1 of resnet18 on the JPEG tree: per-sample decode and crops vs the raw cache's batched
-    crops (the same draws and the same resize: what differs is the cache's resolution)."""
+    crops (the same draws and the same resize: what differs is the cache's resolution, the
+    default's or `cache_size`'s; at the files' own size, nothing)."""
     root = jpeg_tree()
     common = (*on_tree(root, size, batch), f"trainer.max_epochs={epochs}")
-    arms = {"per sample": ("loader.batched=false",), "cache=raw, batched": ("data.cache=raw",)}
+    sized = (f"data.cache_size={cache_size}",) if cache_size else ()
+    arms = {"per sample": ("loader.batched=false",), "cache=raw, batched": ("data.cache=raw", *sized)}
     results = {name: [train_py(*common, *o, f"trainer.seed={s}")[1]["best_val_acc1"] for s in seeds] for name, o in arms.items()}
+    stored = f"stored at {cache_size} px" if cache_size else "stored at the default size"
     label = (
-        f"resnet18 @{size}px on real JPEGs, {epochs} epochs, seeds {list(seeds)}: top-1 of the cached batched path vs per sample"
+        f"resnet18 @{size}px on real JPEGs, {epochs} epochs, seeds {list(seeds)}: "
+        f"top-1 of the cached batched path ({stored}) vs per sample"
     )
     rows = labelled([(label, "top-1 within noise")], accuracy_figures({"results": results}))
-    return write("loader_cached_accuracy", {"tree": str(root), "results": results, "rows": rows})
+    name = f"loader_cached_accuracy_{cache_size}px" if cache_size else "loader_cached_accuracy"
+    return write(name, {"tree": str(root), "cache_size": cache_size, "results": results, "rows": rows})
 
 
 def accuracy_figures(result: dict) -> list[dict]:

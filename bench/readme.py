@@ -95,7 +95,7 @@ FIGURES = {
     "attention_accuracy": ("attention_accuracy", "figures"),
     "precision": ("train_speed", "precision_figures"),
     "text_precision": ("train_speed", "text_figures"),
-    "resolution": ("resolution", "figures"),  # and its variants, resolution_*
+    "resolution": ("resolution", "figures"),  # and its variants, resolution_* (so for every name)
 }
 
 
@@ -104,7 +104,7 @@ def rows(result: dict) -> list[dict]:
     shows up in the README, not only an edited sentence."""
     import importlib
 
-    name = result["bench"] if result["bench"] in FIGURES else result["bench"].split("_")[0]
+    name = max((k for k in FIGURES if result["bench"].startswith(k)), key=len)  # a variant: its bench's
     module, function = FIGURES[name]
     computed = getattr(importlib.import_module(f"bench.{module}"), function)(result)
     return [{**row, **figures} for row, figures in zip(result["rows"], computed, strict=True)]
