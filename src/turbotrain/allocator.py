@@ -22,14 +22,15 @@ RETAIN = {
 }
 
 
-def configure_malloc(mode: str) -> bool:
-    """`retain`: keep freed memory for reuse (glibc); `system`: the C library's defaults.
-    Returns whether the allocator was changed."""
+def configure_malloc(mode: str) -> None:
+    """`retain`: keep freed memory for reuse (glibc); `system`: the C library's defaults."""
     if mode == "system":
-        return False
+        return
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):  # not glibc (macOS, musl): its own defaults
         log.debug("trainer.malloc=%s: no glibc mallopt here; the C library's defaults stay", mode)
-        return False
-    return all(mallopt(param, value) == 1 for param, value in RETAIN.items())
+        return
+    for param, value in RETAIN.items():
+        if mallopt(param, value) != 1:
+            log.debug("trainer.malloc=%s: glibc refused mallopt(%d, %d)", mode, param, value)
