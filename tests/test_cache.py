@@ -91,6 +91,16 @@ def test_cache_is_built_once_and_rebuilt_when_the_tree_changes(kind, jpeg_tree, 
     assert len(list((tmp_path / "c").iterdir())) == 2
 
 
+def test_building_a_cache_leaves_the_global_rng_alone(jpeg_tree, tmp_path):
+    """A run that builds its cache must train as one that reuses it: same weights, same draws."""
+    samples = sorted((str(p), 0) for p in (jpeg_tree / "train").rglob("*.jpg"))
+    torch.manual_seed(0)
+    cache_mod.open_cache(tmp_path / "c", "t", samples, RGBReader(max_pixels=None), "raw", 48)
+    after_build = torch.rand(4)
+    torch.manual_seed(0)
+    assert torch.equal(after_build, torch.rand(4))
+
+
 def test_a_failed_build_leaves_no_cache(jpeg_tree, tmp_path, monkeypatch):
     samples = sorted((str(p), 0) for p in (jpeg_tree / "train").rglob("*.jpg"))
     real = cache_mod._Decode.__getitem__

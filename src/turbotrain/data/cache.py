@@ -70,6 +70,7 @@ def build(folder: Path, samples: list[tuple[str, int]], read, kind: str, size: i
             batch_size=None,
             num_workers=os.cpu_count() or 1,
             prefetch_factor=8,
+            generator=torch.Generator(),  # the workers' seed; without one it is drawn from the global RNG
         )
         with open(tmp / DATA_FILE, "wb") as f:
             for i, data, shape, error in tqdm(loader, total=len(samples), desc=f"data.cache={kind}: decoding", leave=False):
