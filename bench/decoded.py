@@ -56,8 +56,11 @@ def _pipelines(root: Path, size: int, batch: int) -> dict:
 
 def pipeline_alone(repeats: int = 5, batches: int = 8, size: int = 64, batch: int = 64) -> Path:
     """Samples/s of each input pipeline on one core, no model: what one core of a GPU host feeds."""
+    from turbotrain.allocator import configure_malloc
+
     root = jpeg_tree()
     torch.set_num_threads(1)
+    configure_malloc("retain")  # as a training process has it (trainer.malloc's default)
     pipelines = _pipelines(root, size, batch)
     for fn in pipelines.values():  # warm-up (and the caches' one-time build, outside the timing)
         fn()

@@ -47,11 +47,15 @@ def test_batched_resized_crops_equal_torchvision_per_sample(size):
     assert difference.max() <= 1 and difference.float().mean() < 0.25, (difference.max(), difference.float().mean())
 
 
-def test_batched_crop_and_flips_draw_what_the_per_sample_path_draws():
+@pytest.mark.parametrize("stored", ["chw", "hwc"])
+def test_batched_crop_and_flips_draw_what_the_per_sample_path_draws(stored):
     """Images of different sizes and shapes: the crop boxes and flips come from the same draws in
-    the same order, so the batch is the per-sample pipeline's, pixel for pixel."""
+    the same order, so the batch is the per-sample pipeline's, pixel for pixel, for decoded images
+    (CHW) and for the raw cache's views of pixels stored HWC."""
     ops = [v2.RandomResizedCrop(56), v2.RandomHorizontalFlip(), v2.RandomVerticalFlip(0.3)]
     images = _photos()
+    if stored == "hwc":
+        images = [i.permute(1, 2, 0).contiguous().permute(2, 0, 1) for i in images]
     torch.manual_seed(4)
     batched = batch_pipeline(ops)(images)
     torch.manual_seed(4)
@@ -140,6 +144,8 @@ def test_cached_eval_images_equal_the_uncached_ones(jpeg_tree, tmp_path):
     x_cached, y_cached = cached.collate(cached.val.__getitems__(list(range(8))))
     assert torch.equal(y_plain, y_cached)
     torch.testing.assert_close(x_cached, x_plain, atol=1e-5, rtol=0)  # same resize, same center crop
+    train_batch = cached.collate(cached.train.__getitems__(list(range(8))))[0]
+    assert x_cached.is_contiguous() and train_batch.is_contiguous()  # stored HWC, given to the model NCHW
 
 
 @pytest.mark.slow  # ~15 s a kind; the cache itself is tested above, in-process

@@ -1,7 +1,9 @@
 """data.cache=raw|jpeg: an ImageFolder split decoded once, each image whose shorter side is longer
 than the split's cache size resized down to it (never up), and stored in one file plus an index:
-`raw` as uint8 pixels (memory-mapped, nothing to decode again), `jpeg` re-encoded at that size
-(smaller on disk, cheap to decode).
+`raw` as uint8 pixels in height-width-channel order (memory-mapped and read in place: an image is
+a view of the file, nothing to copy or decode, and a crop of it is already in the channels-last
+layout torch's uint8 resize is fastest on), `jpeg` re-encoded at that size (smaller on disk,
+cheap to decode).
 
 A cache is named by a fingerprint of the split's file list (paths, sizes, mtimes) and the
 settings, so a later run on the same tree reuses it and a changed tree or setting builds a new
@@ -16,6 +18,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +31,7 @@ from tqdm import tqdm
 from turbotrain.atomic import atomic_write_dir
 
 log = logging.getLogger("turbotrain")
-VERSION = 2  # bump when the stored format changes (2: images are never enlarged)
+VERSION = 3  # bump when the stored format changes (2: images are never enlarged; 3: raw is HWC)
 DATA_FILE, INDEX_FILE = "images.bin", "index.json"
 
 
@@ -41,7 +44,7 @@ def fingerprint(samples: list[tuple[str, int]], kind: str, size: int) -> str:
 
 
 class _Decode(Dataset):
-    """One file -> its stored bytes (uint8, CHW raw pixels or JPEG), or the error that stopped it."""
+    """One file -> its stored bytes (uint8, HWC raw pixels or JPEG) and CHW shape, or the error that stopped it."""
 
     def __init__(self, samples: list[tuple[str, int]], read, kind: str, size: int):
         self.samples, self.read, self.kind, self.size = samples, read, kind, size
@@ -56,7 +59,7 @@ class _Decode(Dataset):
                 image = TF.resize(image, self.size, antialias=True)
         except Exception as e:  # a bad file is skipped and named, as in training
             return i, None, None, f"{type(e).__name__}: {e}"
-        data = image.contiguous() if self.kind == "raw" else encode_jpeg(image, quality=90)
+        data = image.permute(1, 2, 0).contiguous() if self.kind == "raw" else encode_jpeg(image, quality=90)
         return i, data.flatten(), tuple(image.shape), None
 
 
@@ -97,25 +100,35 @@ def build(folder: Path, samples: list[tuple[str, int]], read, kind: str, size: i
 
 
 class CachedImages(Dataset):
-    """The images of a cache as uint8 CHW tensors (`load(i)`), with their labels."""
+    """The images of a cache as uint8 CHW tensors (`load(i)`), with their labels. Raw images are
+    views of the read-only mapping (channels-last strides): a stray in-place write faults at once
+    instead of silently changing the image for every later epoch."""
 
     def __init__(self, folder: Path):
         index = json.loads((folder / INDEX_FILE).read_text())
         self.kind, self.offsets, self.shapes = index["kind"], index["offsets"], [tuple(s) for s in index["shapes"]]
         self.labels = torch.tensor(index["labels"], dtype=torch.long)
         self.sizes = np.diff([*self.offsets, index["bytes"]]).tolist()
-        self.data = np.memmap(folder / DATA_FILE, dtype=np.uint8, mode="r") if index["bytes"] else np.zeros(0, np.uint8)
+        self.data = torch.zeros(0, dtype=torch.uint8)
+        if index["bytes"]:
+            with warnings.catch_warnings():  # torch warns that the mapping is read-only: it is meant to be
+                warnings.simplefilter("ignore", UserWarning)
+                self.data = torch.from_numpy(np.memmap(folder / DATA_FILE, dtype=np.uint8, mode="r"))
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def _bytes(self, i: int) -> torch.Tensor:
         start = self.offsets[i]
-        return torch.from_numpy(np.array(self.data[start : start + self.sizes[i]]))
+        return self.data[start : start + self.sizes[i]]
+
+    def _pixels(self, i: int) -> torch.Tensor:
+        c, h, w = self.shapes[i]
+        return self._bytes(i).view(h, w, c).permute(2, 0, 1)
 
     def load(self, indices: list[int]) -> list[torch.Tensor]:
         if self.kind == "raw":
-            return [self._bytes(i).view(self.shapes[i]) for i in indices]
+            return [self._pixels(i) for i in indices]
         return decode_jpeg([self._bytes(i) for i in indices])  # one call for the batch
 
     def __getitem__(self, i: int):

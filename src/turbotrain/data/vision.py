@@ -122,7 +122,8 @@ class NormalizeCollate:
             images, labels = batch.images, batch.labels
         else:
             images, labels = torch.stack([b[0] for b in batch]), torch.tensor([b[1] for b in batch])
-        images = images.to(torch.float32, copy=True)  # normalized in place: never the store's own tensor
+        # normalized in place (never the store's own tensor), in the layout models expect
+        images = images.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
         return images.sub_(self.shift.to(images.device)).div_(self.std.to(images.device)), labels
 
 
