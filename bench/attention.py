@@ -44,9 +44,11 @@ def measure(attention: dict, length: int, dtype: str | None, steps: int = 2) -> 
     import torch
     from omegaconf import OmegaConf
 
+    from turbotrain.allocator import configure_malloc
     from turbotrain.attention import ATTENTION, apply_attention
     from turbotrain.models.text import build_text_model
 
+    configure_malloc("retain")  # as a training process has it (trainer.malloc's default)
     torch.manual_seed(0)
     model = build_text_model(OmegaConf.create({"name": "minilm"}), 6, length, vocab_size=30522)
     apply_attention(model, OmegaConf.merge(OmegaConf.structured(ATTENTION[attention["name"]].schema), attention))  # its defaults

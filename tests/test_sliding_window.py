@@ -60,15 +60,16 @@ def _outputs_and_grads(fn, q, k, v, keep):
 # window, several global tokens, a window covering the sequence (full attention); block = window
 # dividing n without padding takes the causal-triangle path (several groups of blocks; two blocks)
 SHAPES = [
-    (100, 10, 10, 1),
-    (90, 10, 10, 1),  # 9 blocks: a group of the sequence's last block alone (no pair part)
+    (100, 10, 10, 1),  # block = window, 10 blocks: the first, one full group of 8, the last
+    (90, 10, 10, 1),  # 9 blocks: a group shorter than GROUP
+    (120, 10, 10, 1),  # 12 blocks: a full group and a short one
     (100, 10, 5, 2),
     (97, 7, 3, 0),
     (64, 8, 16, 1),
     (50, 3, 7, 3),
     (40, 39, 8, 1),
     (96, 8, 8, 0),
-    (16, 8, 8, 2),
+    (16, 8, 8, 2),  # 2 blocks: a first and a last, no group
 ]
 
 
