@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -70,7 +71,7 @@ def _tree(jpeg_tree, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["raw", "jpeg"])
-def test_cache_is_built_once_and_rebuilt_when_the_tree_changes(kind, jpeg_tree, tmp_path):
+def test_cache_is_built_once_and_rebuilt_when_the_tree_changes(kind, jpeg_tree, tmp_path, caplog):
     root = _tree(jpeg_tree, tmp_path)
     (root / "train" / "china" / "zz_bad.jpg").write_bytes(b"not a jpeg at all")
     samples = sorted((str(p), 0) for p in (root / "train").rglob("*.jpg"))
@@ -90,9 +91,11 @@ def test_cache_is_built_once_and_rebuilt_when_the_tree_changes(kind, jpeg_tree, 
     mtime = index.stat().st_mtime_ns
     cache_mod.open_cache(tmp_path / "c", "t", samples, read, kind, 48)
     assert index.stat().st_mtime_ns == mtime and len(list((tmp_path / "c").iterdir())) == 1  # reused
-    shutil.copyfile(good[1][0], good[0][0])  # a changed file: a new cache
-    cache_mod.open_cache(tmp_path / "c", "t", samples, read, kind, 48)
+    shutil.copyfile(good[1][0], good[0][0])  # a changed file: a new cache; the old one is kept and named
+    with caplog.at_level(logging.WARNING, logger="turbotrain"):
+        cache_mod.open_cache(tmp_path / "c", "t", samples, read, kind, 48)
     assert len(list((tmp_path / "c").iterdir())) == 2
+    assert str(index.parent) in caplog.text and "1 earlier one(s)" in caplog.text
 
 
 def test_building_a_cache_leaves_the_global_rng_alone(jpeg_tree, tmp_path):

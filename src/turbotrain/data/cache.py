@@ -139,5 +139,19 @@ def open_cache(cache_root: Path, name: str, samples: list[tuple[str, int]], read
     """The cache of `samples` under `cache_root`, built first when there is none for them."""
     folder = cache_root / f"{name}-{kind}{size}-{fingerprint(samples, kind, size)}"
     if not (folder / INDEX_FILE).is_file():
+        _name_older(cache_root, name, folder)
         build(folder, samples, read, kind, size)
     return CachedImages(folder)
+
+
+def _name_older(cache_root: Path, name: str, new: Path) -> None:
+    """A changed tree, setting or format leaves the split's earlier caches in place (another run
+    may still read them); an ImageNet-sized one holds tens of GB, so say where they are."""
+    older = [p for p in sorted(cache_root.glob(f"{name}-*")) if p != new and (p / INDEX_FILE).is_file()]
+    if older:
+        gb = sum(f.stat().st_size for p in older for f in p.iterdir()) / 1e9
+        log.warning(
+            "data.cache: building a new cache of %s; %d earlier one(s) of it (%.2f GB) are kept, "
+            "delete them if no run reads them: %s",
+            *(name, len(older), gb, " ".join(map(str, older))),
+        )
