@@ -135,7 +135,7 @@ def cached_accuracy(
     common = (*on_tree(root, size, batch), f"trainer.max_epochs={epochs}")
     sized = (f"data.cache_size={cache_size}",) if cache_size else ()
     arms = {"per sample": ("loader.batched=false",), "cache=raw, batched": ("data.cache=raw", *sized)}
-    results = {name: [train_py(*common, *o, f"trainer.seed={s}")[1]["best_val_acc1"] for s in seeds] for name, o in arms.items()}
+    results = top1_per_seed(arms, seeds, common)
     stored = f"stored at {cache_size} px" if cache_size else "stored at the default size"
     label = (
         f"resnet18 @{size}px on real JPEGs, {epochs} epochs, seeds {list(seeds)}: "
@@ -144,6 +144,11 @@ def cached_accuracy(
     rows = labelled([(label, "top-1 within noise")], accuracy_figures({"results": results}))
     name = f"loader_cached_accuracy_{cache_size}px" if cache_size else "loader_cached_accuracy"
     return write(name, {"tree": str(root), "cache_size": cache_size, "results": results, "rows": rows})
+
+
+def top1_per_seed(arms: dict, seeds: tuple[int, ...], common: tuple[str, ...] = ()) -> dict[str, list[float]]:
+    """arm -> best top-1 of a whole `python train.py` run with the arm's overrides, per seed."""
+    return {name: [train_py(*common, *o, f"trainer.seed={s}")[1]["best_val_acc1"] for s in seeds] for name, o in arms.items()}
 
 
 def accuracy_figures(result: dict) -> list[dict]:

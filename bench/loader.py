@@ -163,10 +163,9 @@ def in_memory(repeats: int = 5, batches: int = 150) -> Path:
 
 def in_memory_accuracy(seeds: tuple[int, ...] = (0, 1)) -> Path:
     """Top-1 of `python train.py` (defaults, the whole run) per sample vs batched, seed by seed."""
-    from bench.decoded import accuracy_figures  # bench.decoded imports this module
+    from bench.decoded import accuracy_figures, top1_per_seed  # bench.decoded imports this module
 
-    arms = {"per sample": ("loader.batched=false",), "batched": ()}
-    results = {name: [train_py(*o, f"trainer.seed={s}")[1]["best_val_acc1"] for s in seeds] for name, o in arms.items()}
+    results = top1_per_seed({"per sample": ("loader.batched=false",), "batched": ()}, seeds)
     label = f"`python train.py` defaults (Fashion-MNIST in memory), seeds {list(seeds)}: top-1 of batched vs per-sample loading"
     rows = labelled([(label, "top-1 within noise")], accuracy_figures({"results": results}))
     return write("loader_in_memory_accuracy", {"results": results, "rows": rows})
