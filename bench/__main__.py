@@ -27,6 +27,7 @@ BENCHES = {  # CPU sizes: minutes each on 2 cores
     "prune": ("prune", "run", {}),  # reads two of the recipes' runs
     "conv_lowrank": ("prune", "run", {"name": "conv_lowrank"}),  # and this one, a third
     "attention": ("attention", "run", {"repeats": 3}),
+    "attention_flex": ("attention_flex", "run", {}),  # ~3
     "attention_accuracy": ("attention_accuracy", "run", {}),  # ~60
     "overhead": ("overhead", "run", {}),
     "skip_sync": ("skip_sync", "run", {}),

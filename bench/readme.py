@@ -92,6 +92,7 @@ FIGURES = {
     "loader_in_memory_accuracy": ("decoded", "accuracy_figures"),
     "autotune": ("autotune", "figures"),
     "attention": ("attention", "figures"),
+    "attention_flex": ("attention_flex", "figures"),
     "attention_accuracy": ("attention_accuracy", "figures"),
     "precision": ("train_speed", "precision_figures"),
     "text_precision": ("train_speed", "text_figures"),

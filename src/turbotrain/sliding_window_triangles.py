@@ -9,6 +9,7 @@ One call per block, not one per triangle: a block's output and log-sum-exp come 
 no merge (and in bf16, rounded once). Splitting the triangles off saves no work: torch's kernel
 skips none inside its 512-key tiles, so a triangle costs a full block either way (the whole
 kernel took the same time with two calls per block: 173 vs 172 ms fwd+bwd on MiniLM's shapes).
+FlexAttention, which skips masked tiles, has no backward on CPU (bench/attention_flex.py).
 Query blocks go in groups of GROUP within one sequence, which bounds the transient key gradients
 per call.
 """
