@@ -5,7 +5,8 @@ kernel, where it runs.
 
 MiniLM's attention shapes (batch 2, 12 heads of 32), window 256, one global token, fp32, no grad
 (the only mode FlexAttention has on CPU). One process per length; the three kernels alternate
-within each repeat; the compile is timed apart. Every output is checked against a dense banded mask first.
+within each repeat; the compile is timed apart. The file records each kernel's largest difference
+from a dense banded mask.
 """
 
 from __future__ import annotations
