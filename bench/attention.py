@@ -10,16 +10,13 @@ MiniLM-L6's architecture (pretrained weights do not change speed). Batch 2.
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from bench.common import cpu_isa, labelled, write
+from bench.common import cpu_isa, in_fresh_process, labelled, write
 
 FULL = {"name": "full", "dropout": 0.0}
 SLIDING = {"name": "sliding_window", "window": 256}  # its default dropout, 0
@@ -142,11 +139,7 @@ def run(repeats: int = 2, bf16_repeats: int = 1) -> str:
             if dtype and repeat >= bf16_repeats:
                 continue
             call = f"measure({attention!r}, {length}, {dtype!r}, steps={1 if dtype or length > 4096 else 2})"
-            code = f"import json; from bench.attention import measure; print(json.dumps({call}))"
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-            results.setdefault(_key(length, dtype), {}).setdefault(name, []).append(
-                json.loads(out.stdout.strip().splitlines()[-1])
-            )
+            results.setdefault(_key(length, dtype), {}).setdefault(name, []).append(in_fresh_process("attention", call))
             print(length, dtype, name, results[_key(length, dtype)][name][-1], flush=True)
     result = {"results": results, "speed": list(SPEED)}
     return str(write("attention", {**result, "rows": labelled(_labels(SPEED), figures(result))}))

@@ -4,27 +4,22 @@ log-sum-exp), and its forward time against torch's fused full attention and turb
 kernel, where it runs.
 
 MiniLM's attention shapes (batch 2, 12 heads of 32), window 256, one global token, fp32, no grad
-(the only mode FlexAttention has on CPU). One process per length; the three kernels alternate
-within each repeat; the compile is timed apart. The file records each kernel's largest difference
-from a dense banded mask.
+(the only mode FlexAttention has on CPU). One process per length; after a warm-up, the three
+kernels alternate within each repeat; the compile is timed apart. The file records each
+kernel's largest difference from a dense banded mask.
 """
 
 from __future__ import annotations
 
-import json
-import statistics
-import subprocess
-import sys
 import time
 
 import torch
 from torch.nn import functional as F
 
-from bench.common import labelled, write
+from bench.common import in_fresh_process, interleave, labelled, write
 
 SHAPE = (2, 12, 32)  # batch, heads, head size
 WINDOW, GLOBAL = 256, 1
-KERNELS = ("flex", "full (fused)", "sliding (ours)")
 
 
 def _allowed(q, k):
@@ -40,16 +35,27 @@ def _failure(fn) -> str | None:
     return None
 
 
+def _ms(fn):
+    def timed() -> float:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    return timed
+
+
 def measure(length: int, repeats: int) -> dict:
     """One length, in its own process: a failed compile can leave dynamo running flex attention
     eagerly (dense, unfused) for the rest of the process, so the probes come after the timing,
     the compiled one (log-sum-exp) first."""
+    from torch._inductor import config as inductor
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from turbotrain.sliding_window import sliding_window_attention
 
     b, h, d = SHAPE
     block_mask = create_block_mask(lambda b, h, q, k: _allowed(q, k), None, None, length, length, device="cpu")
+    inductor.force_disable_caches = True  # the compile a first run pays, not a cached one
     flex = torch.compile(flex_attention)
     q, k, v = (torch.randn(b, h, length, d) for _ in range(3))
     calls = {
@@ -57,7 +63,6 @@ def measure(length: int, repeats: int) -> dict:
         "full (fused)": lambda: F.scaled_dot_product_attention(q, k, v).transpose(1, 2),
         "sliding (ours)": lambda: sliding_window_attention(q, k, v, None, window=WINDOW, block=WINDOW, global_tokens=GLOBAL),
     }
-    ms: dict[str, list[float]] = {name: [] for name in KERNELS}
     i = torch.arange(length)
     with torch.no_grad():
         t0 = time.perf_counter()
@@ -65,15 +70,13 @@ def measure(length: int, repeats: int) -> dict:
         compile_s = time.perf_counter() - t0
         dense = F.scaled_dot_product_attention(q, k, v, attn_mask=_allowed(i[:, None], i[None, :])).transpose(1, 2)
         diff = {n: (calls[n]() - dense).abs().max().item() for n in ("flex", "sliding (ours)")}
-        for _ in range(repeats + 1):  # the first round warms up
-            for name in KERNELS:
-                t0 = time.perf_counter()
-                calls[name]()
-                ms[name].append((time.perf_counter() - t0) * 1e3)
+        for fn in calls.values():  # warm-up
+            fn()
+        forward_ms = interleave({name: _ms(fn) for name, fn in calls.items()}, repeats)
     return {
         "compile_s": compile_s,
         "max_abs_diff_vs_dense_band": diff,
-        "forward_ms": {name: v[1:] for name, v in ms.items()},
+        "forward_ms": forward_ms,
         "return_lse": _failure(lambda: flex(q, k, v, block_mask=block_mask, return_lse=True)),
         "backward": _failure(lambda: flex(*(x.clone().requires_grad_() for x in (q, k, v)), block_mask=block_mask)),
     }
@@ -84,7 +87,7 @@ def figures(result: dict) -> list[dict]:
     whether it can train."""
     rows = []
     for r in result["results"].values():
-        med = {name: statistics.median(v) for name, v in r["forward_ms"].items()}
+        med = {name: m["median"] for name, m in r["forward_ms"].items()}
         full = med["full (fused)"]
         rows.append(
             {
@@ -101,9 +104,7 @@ def figures(result: dict) -> list[dict]:
 def run(lengths: tuple[int, ...] = (2048, 4096, 8192), repeats: int = 7) -> str:
     results = {}
     for n in lengths:
-        code = f"import json; from bench.attention_flex import measure; print(json.dumps(measure({n}, {repeats})))"
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        results[str(n)] = json.loads(out.stdout.strip().splitlines()[-1])
+        results[str(n)] = in_fresh_process("attention_flex", f"measure({n}, {repeats})")
         print(n, results[str(n)], flush=True)
     result = {"results": results, "window": WINDOW, "global_tokens": GLOBAL, "shape_b_h_d": SHAPE}
     labels = [

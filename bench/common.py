@@ -52,13 +52,21 @@ def hardware() -> dict:
 
 
 def interleave(candidates: dict[str, Callable[[], float]], repeats: int) -> dict[str, dict]:
-    """Run each candidate once per round, rounds alternating A, B, A, B...; each call returns a
-    rate (higher is better). Returns median and all values per candidate."""
+    """Run each candidate once per round, rounds alternating A, B, A, B...; each call returns one
+    measurement (a rate, or a time). Returns median and all values per candidate."""
     values: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(repeats):
         for name, fn in candidates.items():
             values[name].append(fn())
     return {name: {"median": statistics.median(v), "values": v} for name, v in values.items()}
+
+
+def in_fresh_process(module: str, call: str) -> dict:
+    """What `bench.<module>.<call>` returns, run in a new Python process: its own peak-RSS
+    high-water mark, its own compiler state. The call prints nothing else on its last line."""
+    code = f"import json, bench.{module} as m; print(json.dumps(m.{call}))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def train_py(*overrides: str) -> tuple[list[dict], dict]:
