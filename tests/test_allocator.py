@@ -19,10 +19,10 @@ def step():
     torch.nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-for _ in range(3):  # warm-up: the allocator has seen every size
+for _ in range(10):  # warm-up: the allocator has seen every size (retain's heap settles in a few steps)
     step()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
+for _ in range(30):  # the defaults fault in bursts with quiet steps between: enough steps to see them
     step()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
