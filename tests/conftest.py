@@ -11,6 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from turbotrain.config import register_configs
+from turbotrain.precision import CPU_BF16_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -70,3 +71,11 @@ def jpeg_tree(tmp_path_factory) -> Path:
                 y, x = int(rng.integers(0, h - s)), int(rng.integers(0, w - s))
                 Image.fromarray(img[y : y + s, x : x + s]).save(d / f"{i:03d}.jpg", quality=90)
     return root
+
+
+@pytest.fixture(params=["bf16", "fp32"])
+def amp_path(request, monkeypatch) -> str:
+    """Runs a test once on each CPU path of `precision=amp` (bf16 where the CPU has it, else
+    fp32), whatever this CPU has: a test whose expectation depends on the path takes this."""
+    monkeypatch.setenv(CPU_BF16_ENV, "1" if request.param == "bf16" else "0")
+    return request.param

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
 
 from conftest import TINY, make_cfg
 from turbotrain.checkpoint import load
@@ -14,9 +15,11 @@ from turbotrain.compression import prune
 from turbotrain.compression.conv_lowrank import factorize_conv
 from turbotrain.config import ConfigError
 from turbotrain.data import build_data
+from turbotrain.loop import evaluate
 from turbotrain.models import build_model, from_checkpoint
 from turbotrain.modules import count_macs
 from turbotrain.pipeline import train
+from turbotrain.precision import build_precision
 
 
 def _prune_cfg(**kw):
@@ -141,7 +144,7 @@ def test_conv_lowrank_at_full_rank_equals_the_conv(stride, padding, dilation):
     assert 0 < (low(x) - conv(x)).abs().max() < conv(x).abs().max()
 
 
-def test_conv_lowrank_cuts_macs_and_survives_checkpoint_and_resume(tmp_path):
+def test_conv_lowrank_cuts_macs_and_survives_checkpoint_and_resume(tmp_path, amp_path):
     base = tmp_path / "base"
     train(make_cfg(*TINY, "model.width=16", "trainer.max_epochs=1"), base)
     run = tmp_path / "lowrank"
@@ -153,10 +156,12 @@ def test_conv_lowrank_cuts_macs_and_survives_checkpoint_and_resume(tmp_path):
     assert ckpt["arch"]["conv_lowrank"] == report["ranks"]
     model = from_checkpoint(ckpt, "last.pt")  # the factorized shapes, rebuilt from the checkpoint alone
     assert count_macs(model, torch.zeros(1, 1, 8, 8)) == report["macs_after"]
-    data = build_data(make_cfg(*TINY).data)
-    x, y = data.collate([data.val[i] for i in range(len(data.val))])
-    with torch.no_grad():
-        acc = (model(x).argmax(1) == y).float().mean().item()
+    # evaluated as the run evaluated it: its precision (amp: bf16 or fp32), memory format and batches
+    cfg, cpu = OmegaConf.create(ckpt["config"]), torch.device("cpu")
+    data = build_data(cfg.data)
+    val = DataLoader(data.val, batch_size=cfg.data.eval_batch_size or 2 * cfg.data.batch_size, collate_fn=data.collate)
+    model.to(memory_format=torch.channels_last)
+    acc = evaluate(model, val, device=cpu, precision=build_precision(cfg.precision, cpu), channels_last=True)["acc1"]
     assert acc == pytest.approx(ckpt["metrics"]["val_acc1"], abs=1e-6)  # rebuilt model == the run's eval
     train(make_cfg(*common, "trainer.max_epochs=2", "trainer.resume=auto"), run)
     assert load(run / "checkpoints" / "last.pt")["state"]["epoch"] == 2

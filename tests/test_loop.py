@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import make_cfg
+from turbotrain.config import ConfigError
 from turbotrain.loop import TrainState, train_one_epoch
 from turbotrain.optim import build_optimizer
-from turbotrain.precision import build_precision, native_bf16_cpu
+from turbotrain.precision import CPU_BF16_ENV, build_precision
 from turbotrain.tracking import Tracker
 
 CPU = torch.device("cpu")
@@ -102,9 +104,9 @@ def test_unfrozen_bn_keeps_updating(tmp_path):
     assert not torch.equal(before, model[1].running_mean)
 
 
-def test_precision_policy_on_cpu():
+def test_precision_policy_on_cpu(amp_path):
     amp = build_precision(make_cfg("precision=amp").precision, CPU)
-    assert amp.dtype is (torch.bfloat16 if native_bf16_cpu() else None) and amp.scaler is None
+    assert amp.dtype is {"bf16": torch.bfloat16, "fp32": None}[amp_path] and amp.scaler is None
     bf16 = build_precision(make_cfg("precision=bf16").precision, CPU)
     assert bf16.dtype is torch.bfloat16 and bf16.scaler is None
     fp16 = build_precision(make_cfg("precision=fp16").precision, CPU)
@@ -198,3 +200,9 @@ def test_dynamic_resolution_run_evaluates_at_nominal_size(tmp_path, monkeypatch)
     assert pipeline.train(cfg, tmp_path) > 0.3
     assert sizes[False] == {(16, 16)}, sizes  # every validation batch at the nominal size
     assert len(sizes[True]) > 1, sizes  # while training (epoch 2) used several sizes
+
+
+def test_a_bad_cpu_bf16_override_is_one_line_naming_the_variable(monkeypatch):
+    monkeypatch.setenv(CPU_BF16_ENV, "yes")
+    with pytest.raises(ConfigError, match=r"TURBOTRAIN_CPU_BF16='yes' must be 1 \(bf16\), 0 \(fp32\) or unset"):
+        build_precision(make_cfg("precision=amp").precision, CPU)

@@ -2,7 +2,7 @@
 
 amp  -> CUDA: fp16 autocast + GradScaler; CPU: bf16 autocast where the CPU computes bf16 natively
         (AVX512_BF16/AMX, Arm BF16), else fp32: emulated bf16 trained small_cnn ~9x slower than
-        fp32 on an AVX2-only AMD EPYC.
+        fp32 on an AVX2-only AMD EPYC. TURBOTRAIN_CPU_BF16=1/0 overrides the CPU check.
 bf16 -> bf16 autocast anywhere, no scaler (bf16 has fp32's exponent range).
 fp16 -> fp16 autocast + GradScaler anywhere.
 fp32 -> nothing; `precision.tf32` allows TF32 matmuls/convs on CUDA.
@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from turbotrain.registry import Registry
-from turbotrain.schema import POSITIVE, setting
+from turbotrain.schema import POSITIVE, ConfigError, setting
 
 
 @dataclass
@@ -38,9 +39,20 @@ class Precision:
 log = logging.getLogger("turbotrain")
 
 
-@functools.cache
+CPU_BF16_ENV = "TURBOTRAIN_CPU_BF16"  # 1 or 0: take amp's other CPU path (tests of both paths on any CPU)
+
+
 def native_bf16_cpu() -> bool:
-    """Whether this CPU has bf16 arithmetic units (Linux flags; assumed elsewhere)."""
+    """Whether this CPU has bf16 arithmetic units (Linux flags; assumed elsewhere), unless
+    TURBOTRAIN_CPU_BF16 says otherwise."""
+    forced = os.environ.get(CPU_BF16_ENV, "")
+    if forced not in ("", "0", "1"):
+        raise ConfigError(f"{CPU_BF16_ENV}={forced!r} must be 1 (bf16), 0 (fp32) or unset (what the CPU has)")
+    return forced == "1" if forced else _cpu_flags_have_bf16()
+
+
+@functools.cache
+def _cpu_flags_have_bf16() -> bool:
     try:
         flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
