@@ -6,16 +6,16 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from turbotrain.config import register_configs
-from turbotrain.errors import USER_ERRORS, exit_on_unknown_option, report
+import turbotrain.options  # noqa: F401  (fills the option registries)
+from turbotrain.config import exit_on_unknown_option, register_configs
+from turbotrain.core.errors import USER_ERRORS, report
+from turbotrain.deploy.export import export
 
 register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
 def main(cfg: DictConfig) -> None:
-    from turbotrain.deploy.export import export  # torch import after Hydra has parsed argv
-
     try:
         export(cfg)
     except USER_ERRORS as e:

@@ -9,19 +9,19 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from turbotrain import sweep
-from turbotrain.config import register_configs
-from turbotrain.distributed import note_run_dir, torchrun_argv
-from turbotrain.errors import USER_ERRORS, as_out_of_memory, exit_on_unknown_option, one_line, report
+import turbotrain.options  # noqa: F401  (fills the option registries)
+from turbotrain.config import exit_on_unknown_option, register_configs
+from turbotrain.core.errors import USER_ERRORS, as_out_of_memory, one_line, report
+from turbotrain.train import sweep
+from turbotrain.train.distributed import note_run_dir, torchrun_argv
+from turbotrain.train.preemption import Preempted
+from turbotrain.train.run import TrainingError, train
 
 register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float:
-    from turbotrain.pipeline import TrainingError, train
-    from turbotrain.preemption import Preempted
-
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     note_run_dir(run_dir)

@@ -51,7 +51,7 @@ def measure(length: int, repeats: int) -> dict:
     from torch._inductor import config as inductor
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from turbotrain.sliding_window import sliding_window_attention
+    from turbotrain.models.attention.sliding_window import sliding_window_attention
 
     b, h, d = SHAPE
     block_mask = create_block_mask(lambda b, h, q, k: _allowed(q, k), None, None, length, length, device="cpu")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from turbotrain.atomic import atomic_write_text
+from turbotrain.core.atomic import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]

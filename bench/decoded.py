@@ -20,6 +20,7 @@ def _pipelines(root: Path, size: int, batch: int) -> dict:
     from torchvision import transforms as v1
     from torchvision.datasets import ImageFolder
 
+    import turbotrain.options  # noqa: F401  (fills the option registries)
     from turbotrain.config import register_configs
     from turbotrain.data import build_data
     from turbotrain.data.vision import NormalizeCollate
@@ -56,7 +57,7 @@ def _pipelines(root: Path, size: int, batch: int) -> dict:
 
 def pipeline_alone(repeats: int = 5, batches: int = 8, size: int = 64, batch: int = 64) -> Path:
     """Samples/s of each input pipeline on one core, no model: what one core of a GPU host feeds."""
-    from turbotrain.allocator import configure_malloc
+    from turbotrain.core.allocator import configure_malloc
 
     root = jpeg_tree()
     torch.set_num_threads(1)

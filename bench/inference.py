@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from bench.common import labelled, write
+from turbotrain.core.timing import interleaved_latency_ms
 from turbotrain.deploy.quantize import quantize_linear_dynamic, quantize_static, word_embedding_names
 from turbotrain.deploy.script import TextLogits, frozen, reload
-from turbotrain.timing import interleaved_latency_ms
 
 
 def _scripted(model: nn.Module, example: tuple) -> torch.jit.ScriptModule:

@@ -11,7 +11,7 @@ import torch
 import torchvision
 
 
-def process_age_s() -> float:  # as turbotrain.tracking's, without importing the project
+def process_age_s() -> float:  # as turbotrain.train.tracking's, without importing the project
     stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
     boot = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines() if x.startswith("btime"))
     return time.time() - (boot + int(stat[19]) / os.sysconf("SC_CLK_TCK"))

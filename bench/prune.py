@@ -13,12 +13,13 @@ from pathlib import Path
 
 import torch
 
+import turbotrain.options  # noqa: F401  (fills the option registries)
 from bench.common import write
 from bench.recipes import ROOT, RUNS
-from turbotrain.checkpoint import load
+from turbotrain.core.checkpoint import load
+from turbotrain.core.modules import count_macs
+from turbotrain.core.timing import interleaved_latency_ms
 from turbotrain.models import from_checkpoint
-from turbotrain.modules import count_macs
-from turbotrain.timing import interleaved_latency_ms
 
 BASE = RUNS / "resnet18_fashion"
 # result file -> (the compressed run, what the row compares, the seed's claim)

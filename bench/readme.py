@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from turbotrain.atomic import atomic_write_text
+from turbotrain.core.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS, README = ROOT / "bench" / "results", ROOT / "README.md"

@@ -17,9 +17,9 @@ from bench.common import interleave, labelled, write
 
 
 def _stepper(device: torch.device, batch: int, size: int, read_flag: bool):
-    from turbotrain.loop import TrainState, _optimizer_step
-    from turbotrain.optim import SGDConfig, sgd
-    from turbotrain.precision import FP32_CPU
+    from turbotrain.train.loop import TrainState, _optimizer_step
+    from turbotrain.train.optim import SGDConfig, sgd
+    from turbotrain.train.precision import FP32_CPU
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * size * size, 512), nn.ReLU(), nn.Linear(512, 10)).to(device)

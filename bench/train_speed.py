@@ -15,17 +15,18 @@ import torch
 from bench.common import ROOT, interleave, labelled, write
 from turbotrain.data import build_data
 from turbotrain.data.loader import EpochSampler, build_loader
-from turbotrain.loop import TrainState, train_one_epoch
 from turbotrain.models import build_for, build_tokenizer_for
-from turbotrain.optim import build_optimizer
-from turbotrain.precision import build_precision
-from turbotrain.tracking import Tracker
+from turbotrain.train.loop import TrainState, train_one_epoch
+from turbotrain.train.optim import build_optimizer
+from turbotrain.train.precision import build_precision
+from turbotrain.train.tracking import Tracker
 
 
 def make_cfg(*overrides: str):
     """The training config `train.py <overrides>` would run, composed in this process."""
     from hydra import compose, initialize_config_dir
 
+    import turbotrain.options  # noqa: F401  (fills the option registries)
     from turbotrain.config import register_configs
 
     register_configs()
@@ -40,7 +41,7 @@ def trainer(cfg, steps: int):
     data = build_data(cfg.data, tokenizer)
     model = build_for(cfg.model, data, tokenizer, cfg.data.max_length).to(device)
     if data.kind == "text":
-        from turbotrain.attention import apply_attention
+        from turbotrain.models.attention.options import apply_attention
 
         apply_attention(model, cfg.attention)
     if cfg.trainer.channels_last:

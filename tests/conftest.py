@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+import turbotrain.options  # noqa: F401  (fills the option registries)
 from turbotrain.config import register_configs
-from turbotrain.precision import CPU_BF16_ENV
+from turbotrain.train.precision import CPU_BF16_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

@@ -8,7 +8,7 @@ import sys
 
 STEPS = """
 import resource, sys, torch
-from turbotrain.allocator import configure_malloc
+from turbotrain.core.allocator import configure_malloc
 configure_malloc(sys.argv[1])
 torch.manual_seed(0)
 conv = lambda i, o: [torch.nn.Conv2d(i, o, 3, padding=1), torch.nn.ReLU()]

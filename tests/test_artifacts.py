@@ -13,10 +13,10 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import ROOT, TINY, make_cfg, run_cli
-from turbotrain.checkpoint import CheckpointError, load
 from turbotrain.config import ConfigError
+from turbotrain.core.checkpoint import CheckpointError, load
 from turbotrain.deploy.export import checkpoint_file, export
-from turbotrain.pipeline import train
+from turbotrain.train.run import train
 
 
 @pytest.fixture(scope="module")

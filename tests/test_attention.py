@@ -12,8 +12,8 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from turbotrain.attention import _hf_mask, apply_attention, extend_positions
 from turbotrain.compression.lowrank import factorize
+from turbotrain.models.attention.options import _hf_mask, apply_attention, extend_positions
 from turbotrain.models.text import build_text_model
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}

@@ -10,11 +10,11 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import TINY, make_cfg
-from turbotrain.autotune import candidates, choice_from_checkpoint
-from turbotrain.checkpoint import load
 from turbotrain.config import ConfigError
-from turbotrain.pipeline import train
-from turbotrain.validation import validate
+from turbotrain.config.validation import validate
+from turbotrain.core.checkpoint import load
+from turbotrain.train.autotune import candidates, choice_from_checkpoint
+from turbotrain.train.run import train
 
 # sched=none: the resumed session runs more epochs than the first planned, the LR must not care
 TUNE = (

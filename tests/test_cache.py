@@ -18,7 +18,7 @@ from turbotrain.data import cache as cache_mod
 from turbotrain.data.batched import batch_pipeline
 from turbotrain.data.crops import resize_batched, resized_crops
 from turbotrain.data.folder import RGBReader
-from turbotrain.pipeline import train
+from turbotrain.train.run import train
 
 
 def _photos() -> list[torch.Tensor]:

@@ -10,16 +10,16 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from conftest import TINY, make_cfg
-from turbotrain.checkpoint import load
 from turbotrain.compression import prune
 from turbotrain.compression.conv_lowrank import factorize_conv
 from turbotrain.config import ConfigError
+from turbotrain.core.checkpoint import load
+from turbotrain.core.modules import count_macs
 from turbotrain.data import build_data
-from turbotrain.loop import evaluate
 from turbotrain.models import build_model, from_checkpoint
-from turbotrain.modules import count_macs
-from turbotrain.pipeline import train
-from turbotrain.precision import build_precision
+from turbotrain.train.loop import evaluate
+from turbotrain.train.precision import build_precision
+from turbotrain.train.run import train
 
 
 def _prune_cfg(**kw):

@@ -9,18 +9,18 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from conftest import CONF, make_cfg
-from turbotrain import distributed
-from turbotrain.attention import NAME as ATTENTION_NAME
 from turbotrain.compression import apply_compression
 from turbotrain.config import ConfigError
+from turbotrain.config.validation import validate
 from turbotrain.data import build_data
 from turbotrain.data.loader import EpochSampler, build_loader
 from turbotrain.models import build_model
-from turbotrain.optim import build_optimizer
-from turbotrain.precision import build_precision, native_bf16_cpu
-from turbotrain.sched import build_scheduler
-from turbotrain.tracking import Tracker
-from turbotrain.validation import validate
+from turbotrain.models.attention.options import NAME as ATTENTION_NAME
+from turbotrain.train import distributed
+from turbotrain.train.optim import build_optimizer
+from turbotrain.train.precision import build_precision, native_bf16_cpu
+from turbotrain.train.sched import build_scheduler
+from turbotrain.train.tracking import Tracker
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]
@@ -47,9 +47,9 @@ TEXT_OPTIONS = {
 
 
 def _text_option(group, option, tmp_path):
-    from turbotrain.attention import apply_attention
     from turbotrain.compression.lowrank import factorize
     from turbotrain.models import build_for, build_tokenizer_for
+    from turbotrain.models.attention.options import apply_attention
     from turbotrain.models.text import model_path
 
     overrides = [f"{group}={option}", "data.max_length=32"]
@@ -116,7 +116,7 @@ def _lrs(b, steps=12) -> list[float]:
 
 
 def _profile(b):
-    from turbotrain.profiling import profiler
+    from turbotrain.train.profiling import profiler
 
     with profiler(b["cfg"].profiler, b["tmp"], torch.device("cpu"), True) as step:
         for _ in range(14):

@@ -18,7 +18,7 @@ import torch
 
 from conftest import ROOT, run_cli
 from test_distributed import _pids_with_env
-from turbotrain.checkpoint import load
+from turbotrain.core.checkpoint import load
 
 # Random flips draw from each rank's own RNG: a resume is exact only when every rank gets its
 # own state back.

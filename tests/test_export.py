@@ -14,10 +14,10 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import make_cfg, run_cli
-from turbotrain.checkpoint import load
+from turbotrain.core.checkpoint import load
 from turbotrain.data import build_data
 from turbotrain.models import build_model
-from turbotrain.pipeline import train
+from turbotrain.train.run import train
 
 DIGITS = ("data=digits", "model=small_cnn", "model.width=16", "trainer.progress_bar=false")
 

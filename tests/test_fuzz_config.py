@@ -9,9 +9,9 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from conftest import CONF, make_cfg
-from turbotrain.errors import USER_ERRORS, report
-from turbotrain.pipeline import train
-from turbotrain.validation import validate
+from turbotrain.config.validation import validate
+from turbotrain.core.errors import USER_ERRORS, report
+from turbotrain.train.run import train
 
 GROUPS = {g.name: sorted(f.stem for f in g.glob("*.yaml")) for g in CONF.iterdir() if g.is_dir()}
 SKIP_GROUPS = {"hparams_search"}  # a sweep, not a run: tests/test_sweeps.py

@@ -11,10 +11,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import make_cfg
 from turbotrain.config import ConfigError
-from turbotrain.loop import TrainState, train_one_epoch
-from turbotrain.optim import build_optimizer
-from turbotrain.precision import CPU_BF16_ENV, build_precision
-from turbotrain.tracking import Tracker
+from turbotrain.train.loop import TrainState, train_one_epoch
+from turbotrain.train.optim import build_optimizer
+from turbotrain.train.precision import CPU_BF16_ENV, build_precision
+from turbotrain.train.tracking import Tracker
 
 CPU = torch.device("cpu")
 
@@ -181,7 +181,7 @@ def test_warns_when_the_smallest_size_collapses_feature_maps(caplog):
 
 def test_dynamic_resolution_run_evaluates_at_nominal_size(tmp_path, monkeypatch):
     from conftest import TINY
-    from turbotrain import pipeline
+    from turbotrain.train import run as pipeline
 
     sizes = {True: set(), False: set()}  # model.training -> input sizes seen
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import make_cfg
-from turbotrain.checkpoint import CheckpointError, atomic_save, load, load_model_state
 from turbotrain.config import ConfigError
+from turbotrain.core.checkpoint import CheckpointError, atomic_save, load, load_model_state
 from turbotrain.data.augment import build_op
 from turbotrain.models import build_model
 from turbotrain.models.vision import adapt_input_channels

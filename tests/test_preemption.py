@@ -11,9 +11,10 @@ import pytest
 
 from conftest import TINY, make_cfg
 from test_train import assert_same_run
-from turbotrain import pipeline, surgery
-from turbotrain.checkpoint import load
-from turbotrain.preemption import Preempted
+from turbotrain.core.checkpoint import load
+from turbotrain.train import run as pipeline
+from turbotrain.train import surgery
+from turbotrain.train.preemption import Preempted
 
 SHORT = (*TINY, "trainer.limit_train_batches=6")
 

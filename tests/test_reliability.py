@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY, make_cfg, run_cli
-from turbotrain import checkpoint as ckpt_io
-from turbotrain.checkpoint import load
 from turbotrain.config import ConfigError
-from turbotrain.pipeline import TrainingError, train
+from turbotrain.core import checkpoint as ckpt_io
+from turbotrain.core.checkpoint import load
+from turbotrain.train.run import TrainingError, train
 
 KILLABLE = (*TINY, "trainer.max_epochs=4", "trainer.checkpoint_every_n_steps=3")
 
@@ -241,7 +241,7 @@ def test_out_of_memory_in_a_step_is_one_line_naming_the_keys(tmp_path):
 
 
 def test_cpu_allocation_failure_counts_as_out_of_memory():
-    from turbotrain.errors import as_out_of_memory
+    from turbotrain.core.errors import as_out_of_memory
 
     with pytest.raises(RuntimeError) as failed:  # a real allocation larger than any machine's memory
         torch.empty(2**45, dtype=torch.uint8)
@@ -278,7 +278,7 @@ def test_finite_loss_with_nan_grads_is_skipped_with_nan_check_grads(tmp_path):
 def test_non_finite_weights_are_never_checkpointed(tmp_path, monkeypatch):
     """nan_check=loss (the default) does not look at gradients: a finite loss with NaN gradients
     poisons the weights. The run must stop before writing them, and last.pt must be the good one."""
-    from turbotrain import pipeline
+    from turbotrain.train import run as pipeline
 
     short = (*TINY, "precision=fp32", "trainer.limit_train_batches=6")
     train(make_cfg(*short, "trainer.max_epochs=1"), tmp_path)

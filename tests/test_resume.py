@@ -11,12 +11,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from conftest import CONF, TINY, make_cfg
-from turbotrain import atomic
-from turbotrain.atomic import WriteError
-from turbotrain.checkpoint import load
 from turbotrain.config import ConfigError
-from turbotrain.errors import one_line
-from turbotrain.pipeline import train
+from turbotrain.core import atomic
+from turbotrain.core.atomic import WriteError
+from turbotrain.core.checkpoint import load
+from turbotrain.core.errors import one_line
+from turbotrain.train.run import train
 
 SHORT = (*TINY, "trainer.limit_train_batches=6", "trainer.log_every_n_steps=1")
 

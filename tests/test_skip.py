@@ -58,7 +58,7 @@ def test_a_skipped_first_step_leaves_no_trace(tmp_path):
 
 def test_patience_is_counted_across_log_points(tmp_path):
     """Consecutive skips are counted on the device between reads: the run still stops as diverged."""
-    from turbotrain.loop import Diverged
+    from turbotrain.train.loop import Diverged
 
     x, y = _data(64)
     x[:, 0] = float("nan")

@@ -8,7 +8,7 @@ import torch
 from attention_reference import copying_kernel, naive_banded
 from torch.nn import functional as F
 
-from turbotrain.sliding_window import sliding_window_attention
+from turbotrain.models.attention.sliding_window import sliding_window_attention
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 

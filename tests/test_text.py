@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from conftest import make_cfg, run_cli
-from turbotrain.checkpoint import load
 from turbotrain.config import ConfigError
+from turbotrain.core.checkpoint import load
 from turbotrain.data import build_data
 from turbotrain.data.loader import EpochSampler
 from turbotrain.data.text import WORDNET_TOPICS, read_wordnet
 from turbotrain.models import build_for, build_tokenizer_for
-from turbotrain.pipeline import train
+from turbotrain.train.run import train
 
 TEXT = (
     "data=wordnet",

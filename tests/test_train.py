@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from conftest import TINY, make_cfg, run_cli
-from turbotrain import checkpoint as ckpt_io
-from turbotrain.checkpoint import load
-from turbotrain.pipeline import train
-from turbotrain.tracking import METRIC_KEYS
+from turbotrain.core import checkpoint as ckpt_io
+from turbotrain.core.checkpoint import load
+from turbotrain.train.run import train
+from turbotrain.train.tracking import METRIC_KEYS
 
 
 def test_digits_learns_and_writes_contracts(tmp_path):

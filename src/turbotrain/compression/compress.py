@@ -17,12 +17,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from turbotrain.loop import forward
-from turbotrain.registry import Registry
-from turbotrain.timing import interleaved_latency_ms
+from turbotrain.core.checkpoint_trust import int_in, register_arch_check
+from turbotrain.core.modules import forward
+from turbotrain.core.registry import Registry
+from turbotrain.core.timing import interleaved_latency_ms
 
 log = logging.getLogger("turbotrain")
 COMPRESSION = Registry("compression")
+STRUCTURE_BOUND = (1, 65_536)  # compressed structures record {module name: group count or rank}
 
 
 @dataclass
@@ -83,6 +85,13 @@ def _structures() -> list[tuple]:
     replacements come before channel shapes are read off a state dict (order trait)."""
     options = sorted((o for o in COMPRESSION if "structure" in o.traits), key=lambda o: o.traits.get("order", 0))
     return [o.traits["structure"] for o in options]
+
+
+@register_arch_check
+def _structures_in_bounds(arch: dict) -> None:
+    for key in structure_keys():
+        for name, value in (arch.get(key) or {}).items():
+            int_in(value, STRUCTURE_BOUND, f"arch.{key}[{name!r}]")
 
 
 def structure_keys() -> list[str]:

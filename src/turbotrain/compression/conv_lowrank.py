@@ -19,8 +19,8 @@ from torch import nn
 
 from turbotrain.compression.compress import COMPRESSION, CompressionConfig, Surgery
 from turbotrain.compression.lowrank import svd_rank
-from turbotrain.modules import count_macs, replace_module
-from turbotrain.schema import POSITIVE, UNIT_OPEN, ConfigError, setting
+from turbotrain.core.modules import count_macs, replace_module
+from turbotrain.core.schema import POSITIVE, UNIT_OPEN, ConfigError, setting
 
 
 @dataclass

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from turbotrain.compression.compress import COMPRESSION, CompressionConfig, Surgery
-from turbotrain.modules import replace_module
-from turbotrain.schema import POSITIVE, UNIT_OPEN, ConfigError, setting
+from turbotrain.core.modules import replace_module
+from turbotrain.core.schema import POSITIVE, UNIT_OPEN, ConfigError, setting
 
 
 @dataclass

@@ -17,8 +17,8 @@ from torch import nn
 from torch.nn.utils import prune as tprune
 
 from turbotrain.compression.compress import COMPRESSION, CompressionConfig, Surgery
-from turbotrain.modules import count_macs
-from turbotrain.schema import NON_NEGATIVE, POSITIVE, UNIT_OPEN, ConfigError, setting
+from turbotrain.core.modules import count_macs
+from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, UNIT_OPEN, ConfigError, setting
 
 log = logging.getLogger("turbotrain")
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torchvision.transforms import v2
 
-from turbotrain.schema import ConfigError
+from turbotrain.core.schema import ConfigError
 
 
 def build_op(spec: Any) -> v2.Transform:

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 from torch.utils.data import Dataset
 
-from turbotrain.registry import Registry
-from turbotrain.schema import POSITIVE, ConfigError, setting
+from turbotrain.core.registry import Registry
+from turbotrain.core.schema import POSITIVE, ConfigError, setting
+from turbotrain.models.catalog import MODELS
 
 DATA = Registry("data")
 
@@ -53,6 +54,4 @@ def build_data(data_cfg, tokenizer=None) -> DataBundle:
 
 
 def _text_models() -> list[str]:
-    from turbotrain.models import MODELS  # models import data bundles: resolved at call time
-
     return MODELS.names("text")

@@ -28,7 +28,7 @@ from torchvision.io import decode_jpeg, encode_jpeg
 from torchvision.transforms.v2 import functional as TF
 from tqdm import tqdm
 
-from turbotrain.atomic import atomic_write_dir
+from turbotrain.core.atomic import atomic_write_dir
 
 log = logging.getLogger("turbotrain")
 VERSION = 3  # bump when the stored format changes (2: images are never enlarged; 3: raw is HWC)

@@ -18,13 +18,13 @@ from torchvision import tv_tensors
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms import v2
 
+from turbotrain.core.schema import POSITIVE, ConfigError, setting
 from turbotrain.data.augment import build_op, compose, to_float
 from turbotrain.data.batched import batch_pipeline
 from turbotrain.data.bundle import DATA, DataBundle
 from turbotrain.data.cache import CachedImages, open_cache
 from turbotrain.data.safe import SafeDataset, collate_skipping_bad
 from turbotrain.data.vision import DataConfig, ImageBatch, NormalizeCollate
-from turbotrain.schema import POSITIVE, ConfigError, setting
 
 log = logging.getLogger("turbotrain")
 

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from turbotrain.registry import Registry
-from turbotrain.schema import NON_NEGATIVE, POSITIVE, setting
-from turbotrain.seeds import derived_seed
+from turbotrain.core.registry import Registry
+from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, setting
+from turbotrain.core.seeds import derived_seed
 
 BUCKET_SPAN = 50  # length bucketing sorts windows of this many batches
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from turbotrain.seeds import derived_seed
+from turbotrain.core.seeds import derived_seed
 
 log = logging.getLogger("turbotrain")
 

@@ -7,11 +7,13 @@ from collections.abc import Callable
 
 from torch.utils.data import Dataset, default_collate
 
+from turbotrain.core.errors import UserError
+
 log = logging.getLogger("turbotrain")
 WARN_FIRST = 5
 
 
-class DataError(RuntimeError):
+class DataError(UserError, RuntimeError):
     """A sample could not be read or decoded; the message names it."""
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from turbotrain.core.schema import POSITIVE, UNIT_OPEN, ConfigError, setting
 from turbotrain.data.bundle import DATA, DataBundle, DataCommon
 from turbotrain.data.safe import DataError
-from turbotrain.schema import POSITIVE, UNIT_OPEN, ConfigError, setting
 
 log = logging.getLogger("turbotrain")
 

@@ -21,11 +21,11 @@ from torchvision import datasets as tvd
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from turbotrain.atomic import atomic_write
+from turbotrain.core.atomic import atomic_write
+from turbotrain.core.schema import POSITIVE, UNIT_OPEN, ConfigError, setting
 from turbotrain.data.augment import build_op, compose
 from turbotrain.data.batched import batch_pipeline, ops_of
 from turbotrain.data.bundle import DATA, DataBundle, DataCommon
-from turbotrain.schema import POSITIVE, UNIT_OPEN, ConfigError, setting
 
 log = logging.getLogger("turbotrain")
 

@@ -11,17 +11,17 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from turbotrain import checkpoint as ckpt_io
-from turbotrain.atomic import atomic_write
+from turbotrain.config.validation import check_group
+from turbotrain.core import checkpoint as ckpt_io
+from turbotrain.core.atomic import atomic_write
+from turbotrain.core.schema import ConfigError
+from turbotrain.core.timing import interleaved_latency_ms
 from turbotrain.data import build_data
 from turbotrain.data.text import PadCollate
 from turbotrain.deploy import report as report_io
 from turbotrain.deploy.quantize import BACKEND, quantize_for
 from turbotrain.deploy.script import TextLogits, convert, frozen, reload, state_dict_mb
 from turbotrain.models import build_tokenizer_for, from_checkpoint
-from turbotrain.schema import ConfigError
-from turbotrain.timing import interleaved_latency_ms
-from turbotrain.validation import check_group
 
 log = logging.getLogger("turbotrain")
 NAMED = ("best", "last")

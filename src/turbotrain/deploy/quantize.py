@@ -23,8 +23,8 @@ from torch.ao.quantization import (
 )
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
-from turbotrain.registry import Registry
-from turbotrain.schema import NON_NEGATIVE, POSITIVE, ConfigError, setting
+from turbotrain.core.registry import Registry
+from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, ConfigError, setting
 
 BACKEND = "x86"
 

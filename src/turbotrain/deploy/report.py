@@ -7,12 +7,12 @@ from pathlib import Path
 
 import torch
 
-from turbotrain.atomic import atomic_write_dir, atomic_write_text
+from turbotrain.core.atomic import atomic_write_dir, atomic_write_text
+from turbotrain.core.timing import interleaved_latency_ms
 from turbotrain.deploy.quantize import BACKEND
 from turbotrain.deploy.script import KeywordInputs
-from turbotrain.loop import evaluate
-from turbotrain.precision import FP32_CPU as FP32
-from turbotrain.timing import interleaved_latency_ms
+from turbotrain.train.loop import evaluate
+from turbotrain.train.precision import FP32_CPU as FP32
 
 CPU = torch.device("cpu")
 TOKENIZER = "tokenizer"  # text exports: the tokenizer's files, in this folder of the export

@@ -7,10 +7,18 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from turbotrain.registry import Registry
-from turbotrain.schema import UNIT_HALF_OPEN, setting
+from turbotrain.core.checkpoint_trust import UntrustedCheckpoint, register_arch_check
+from turbotrain.core.registry import Registry
+from turbotrain.core.schema import UNIT_HALF_OPEN, setting
 
 MODELS = Registry("model")
+
+
+@register_arch_check
+def _model_fits_kind(arch: dict) -> None:
+    name, kind = arch["model"]["name"], arch["kind"]
+    if not any(o.kind == kind and o.answers(name) for o in MODELS):
+        raise UntrustedCheckpoint(f"arch.model.name={name!r} does not fit arch.kind={kind!r}")
 
 
 @dataclass
@@ -31,12 +39,9 @@ class Shape:
 
 
 def build_tokenizer_for(model_cfg, max_length: int):
-    """The tokenizer of a text model; None for image models."""
-    if MODELS.of(model_cfg).kind != "text":
-        return None
-    from turbotrain.models.text import build_tokenizer  # transformers loads only for text runs
-
-    return build_tokenizer(model_cfg, max_length)
+    """The tokenizer of a text model (its `tokenizer` trait); None for image models."""
+    option = MODELS.of(model_cfg)
+    return option.traits["tokenizer"](model_cfg, max_length) if option.kind == "text" else None
 
 
 def build_for(model_cfg, data, tokenizer, max_length: int) -> nn.Module:

@@ -8,9 +8,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from torch import nn
 
-from turbotrain.attention import apply_attention
-from turbotrain.checkpoint import CheckpointError, load_model_state
 from turbotrain.compression import record_structure, restore_structure
+from turbotrain.core.checkpoint import CheckpointError, load_model_state
+from turbotrain.models.attention.options import apply_attention
 from turbotrain.models.catalog import MODELS, Shape
 
 
@@ -28,13 +28,11 @@ def architecture(cfg, data, model: nn.Module) -> dict:
         **record_structure(model),
     }
     if data.kind == "text":
-        from turbotrain.models.text import model_path  # transformers: text runs only
-
         arch.update(
             max_length=cfg.data.max_length,
             vocab_size=model.config.vocab_size,
             attention=OmegaConf.to_container(cfg.attention, resolve=True),
-            tokenizer=model_path(cfg.model),
+            tokenizer=MODELS.of(cfg.model).traits["source"](cfg.model),
         )
     return arch
 

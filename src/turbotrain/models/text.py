@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from turbotrain.attention import extend_positions
+from turbotrain.core.schema import ConfigError
+from turbotrain.models.attention.options import extend_positions
 from turbotrain.models.catalog import MODELS, ModelConfig, Shape
-from turbotrain.schema import ConfigError
 
 log = logging.getLogger("turbotrain")
 
@@ -49,7 +49,7 @@ def build_text_model(model_cfg, num_classes: int, max_length: int, vocab_size: i
     return MODELS.check_fits(model_cfg, "text").build(model_cfg, Shape(num_classes, max_length=max_length, vocab_size=vocab_size))
 
 
-@MODELS.register("bert_tiny", TextModelConfig, kind="text")
+@MODELS.register("bert_tiny", TextModelConfig, kind="text", tokenizer=build_tokenizer, source=model_path)
 def bert_tiny(model_cfg, shape: Shape) -> nn.Module:
     """A randomly initialized 2-layer, 64-wide BERT with MiniLM's tokenizer: for fast tests."""
     from transformers import BertConfig, BertForSequenceClassification
@@ -66,8 +66,8 @@ def bert_tiny(model_cfg, shape: Shape) -> nn.Module:
     return _fit_length(BertForSequenceClassification(config), shape.max_length)
 
 
-@MODELS.register("minilm", TextModelConfig, kind="text")
-@MODELS.register("hf", TextModelConfig, kind="text", from_path=True)
+@MODELS.register("minilm", TextModelConfig, kind="text", tokenizer=build_tokenizer, source=model_path)
+@MODELS.register("hf", TextModelConfig, kind="text", from_path=True, tokenizer=build_tokenizer, source=model_path)
 def pretrained(model_cfg, shape: Shape) -> nn.Module:
     from transformers import AutoModelForSequenceClassification
 

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 from torchvision import models as tvm
 
+from turbotrain.core.modules import replace_module
+from turbotrain.core.schema import POSITIVE, UNIT_HALF_OPEN, ConfigError, setting
 from turbotrain.models.catalog import MODELS, ModelConfig, Shape
-from turbotrain.modules import replace_module
-from turbotrain.schema import POSITIVE, UNIT_HALF_OPEN, ConfigError, setting
 
 
 @dataclass

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch.optim.lr_scheduler import CyclicLR, LambdaLR, LRScheduler, OneCycleLR
 
-from turbotrain.registry import Registry
-from turbotrain.schema import NON_NEGATIVE, POSITIVE, UNIT_CLOSED, UNIT_OPEN, setting
+from turbotrain.core.registry import Registry
+from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, UNIT_CLOSED, UNIT_OPEN, setting
 
 SCHEDULES = Registry("sched")
 

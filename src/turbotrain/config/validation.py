@@ -11,9 +11,8 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from turbotrain.autotune import KNOBS, NUMERICS_KNOBS
-from turbotrain.config import TrainerConfig, registries
-from turbotrain.schema import ConfigError, check, check_value
+from turbotrain.config.schemas import KNOBS, NUMERICS_KNOBS, TrainerConfig, registries
+from turbotrain.core.schema import ConfigError, check, check_value
 
 log = logging.getLogger("turbotrain")
 

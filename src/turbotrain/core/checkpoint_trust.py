@@ -6,8 +6,11 @@ that would build a huge model or fetch an arbitrary path."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from turbotrain.core.registry import require_options
 
 # arch field -> (low, high), inclusive; generous for real models, far below what exhausts memory
 ARCH_BOUNDS = {
@@ -18,7 +21,6 @@ ARCH_BOUNDS = {
     "vocab_size": (1, 1_000_000),
 }
 MODEL_BOUNDS = {"width": (1, 4096)}
-STRUCTURE_BOUND = (1, 65_536)  # compressed structures record {module name: group count or rank}
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 
 
@@ -37,7 +39,17 @@ def _strings(value: Any, key: str):
             yield from _strings(v, f"{key}[{i}]")
 
 
-def _int_in(value: Any, bounds: tuple[int, int], key: str) -> None:
+ARCH_CHECKS: list[Callable[[dict], None]] = []  # registered by the layers that know the fields
+
+
+def register_arch_check(check: Callable[[dict], None]) -> Callable[[dict], None]:
+    """Decorator: `check(arch)` raises UntrustedCheckpoint for what its layer would never write
+    (the model catalog: a model name of the wrong kind; compression: structure records)."""
+    ARCH_CHECKS.append(check)
+    return check
+
+
+def int_in(value: Any, bounds: tuple[int, int], key: str) -> None:
     low, high = bounds
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise UntrustedCheckpoint(f"{key}={value!r} is outside [{low}, {high}]")
@@ -52,31 +64,25 @@ def _model_source(value: Any, key: str) -> None:
 
 
 def check_arch(arch: dict) -> None:
-    # models and compression import checkpoint, which imports this
-    from turbotrain.compression import structure_keys
-    from turbotrain.models import MODELS
-
+    require_options()  # every option module imported: every layer's check is registered
     kind = arch.get("kind")
     if kind not in ("image", "text"):
         raise UntrustedCheckpoint(f"arch.kind={kind!r} is not image or text")
     keys = ["num_classes"] + (["max_length", "vocab_size"] if kind == "text" else ["in_channels", "image_size"])
     for key in keys:
-        _int_in(arch.get(key), ARCH_BOUNDS[key], f"arch.{key}")
+        int_in(arch.get(key), ARCH_BOUNDS[key], f"arch.{key}")
     names = arch.get("class_names")
     if not isinstance(names, list) or len(names) != arch["num_classes"]:
         raise UntrustedCheckpoint(f"arch.class_names must list arch.num_classes={arch['num_classes']} names")
     model = arch.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("name"), str):
         raise UntrustedCheckpoint("arch.model.name is missing")
-    if not any(o.kind == kind and o.answers(model["name"]) for o in MODELS):
-        raise UntrustedCheckpoint(f"arch.model.name={model['name']!r} does not fit arch.kind={kind!r}")
     for key, bounds in MODEL_BOUNDS.items():
         if model.get(key) is not None:
-            _int_in(model[key], bounds, f"arch.model.{key}")
+            int_in(model[key], bounds, f"arch.model.{key}")
     _model_source(model.get("path"), "arch.model.path")  # arch.tokenizer is a note: export finds the tokenizer itself
-    for key in structure_keys():
-        for name, value in (arch.get(key) or {}).items():
-            _int_in(value, STRUCTURE_BOUND, f"arch.{key}[{name!r}]")
+    for check in ARCH_CHECKS:
+        check(arch)
 
 
 def check(ckpt: dict) -> None:

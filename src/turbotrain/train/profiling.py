@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-from turbotrain.registry import Registry
-from turbotrain.schema import NON_NEGATIVE, POSITIVE, setting
+from turbotrain.core.registry import Registry
+from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, setting
 
 log = logging.getLogger("turbotrain")
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from turbotrain.registry import Registry
-from turbotrain.schema import POSITIVE, ConfigError, setting
+from turbotrain.core.registry import Registry
+from turbotrain.core.schema import POSITIVE, ConfigError, setting
 
 
 @dataclass

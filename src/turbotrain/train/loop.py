@@ -12,12 +12,12 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.nn import functional as F
 
-from turbotrain import preemption
-from turbotrain.meter import Meter, timed_batches, topk_correct
-from turbotrain.modules import eval_mode
-from turbotrain.optim import build_optimizer
-from turbotrain.precision import Precision
-from turbotrain.tracking import Tracker, gpu_util, peak_mem_mb
+from turbotrain.core.modules import eval_mode, forward
+from turbotrain.train import preemption
+from turbotrain.train.meter import Meter, timed_batches, topk_correct
+from turbotrain.train.optim import build_optimizer
+from turbotrain.train.precision import Precision
+from turbotrain.train.tracking import Tracker, gpu_util, peak_mem_mb
 
 
 @dataclass
@@ -75,11 +75,6 @@ def to_device(batch, device: torch.device, channels_last: bool = False):
         fmt = torch.channels_last if channels_last and inputs.ndim == 4 else torch.preserve_format
         inputs = inputs.to(device, non_blocking=True, memory_format=fmt)
     return inputs, target.to(device, non_blocking=True)
-
-
-def forward(model: nn.Module, inputs) -> torch.Tensor:
-    out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
-    return out.logits if hasattr(out, "logits") else out
 
 
 def freeze_bn(model: nn.Module) -> None:

@@ -19,13 +19,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from turbotrain import checkpoint_data
-from turbotrain.atomic import atomic_write, atomic_write_link
+from turbotrain.core import checkpoint_trust
+from turbotrain.core.atomic import atomic_write, atomic_write_link
+from turbotrain.core.errors import UserError
 
 FORMAT = 1
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, unreadable or does not fit the model."""
 
 
@@ -46,8 +47,8 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT or "model" not in ckpt:
         raise CheckpointError(f"checkpoint {path} is not a turbotrain checkpoint (format {FORMAT})")
     try:
-        checkpoint_data.check(ckpt)
-    except checkpoint_data.UntrustedCheckpoint as e:
+        checkpoint_trust.check(ckpt)
+    except checkpoint_trust.UntrustedCheckpoint as e:
         raise CheckpointError(f"checkpoint {path} is refused: {e}") from e
     return ckpt
 

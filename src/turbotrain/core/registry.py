@@ -6,13 +6,11 @@ compatibility checks all read these registries; nothing else lists option names.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from turbotrain.schema import ConfigError
+from turbotrain.core.schema import ConfigError
 
 KINDS = {"image": "image data (CNNs)", "text": "text data (transformer models)"}
 
@@ -59,14 +57,14 @@ class Registry:
         return add
 
     def __getitem__(self, name: str) -> Option:
-        load_all()
+        require_options()
         option = self.options.get(name) or next((o for o in self if o.answers(name)), None)
         if option is None:
             raise ConfigError(f"{self.group}.name={name!r} is not supported; allowed: {', '.join(self.described())}")
         return option
 
     def __iter__(self) -> Iterator[Option]:
-        load_all()
+        require_options()
         return iter(self.options.values())
 
     def described(self, mark_text: bool = False) -> list[str]:
@@ -113,17 +111,15 @@ class Registry:
 
 
 REGISTRIES: dict[str, Registry] = {}
-_loaded = False
+_options = {"loaded": False}  # set once by turbotrain.options, which imports every option module
 
 
-def load_all() -> None:
-    """Import every turbotrain module once. An option registers when its module is imported, so
-    a new option's module joins no list; lookups call this, so no caller can miss an option."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True  # first, so a lookup made while these imports run does not start over
-    import turbotrain
+def options_loaded() -> None:
+    """Called by turbotrain.options after importing every option module: lookups may start."""
+    _options["loaded"] = True
 
-    for module in pkgutil.walk_packages(turbotrain.__path__, "turbotrain."):
-        importlib.import_module(module.name)
+
+def require_options() -> None:
+    # a lookup before the options are imported would call a registered option unknown
+    if not _options["loaded"]:
+        raise RuntimeError("the option registries are incomplete: import turbotrain.options first (the entry points do)")

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from turbotrain.atomic import atomic_write_text
-from turbotrain.registry import Registry
-from turbotrain.schema import setting
+from turbotrain.core.atomic import atomic_write_text
+from turbotrain.core.registry import Registry
+from turbotrain.core.schema import setting
 
 log = logging.getLogger("turbotrain")
 

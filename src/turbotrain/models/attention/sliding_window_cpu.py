@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from turbotrain import sliding_window_triangles as triangles
-from turbotrain.sliding_window_layout import Layout, additive, band_mask, regular_runs
+from turbotrain.models.attention import sliding_window_triangles as triangles
+from turbotrain.models.attention.sliding_window_layout import Layout, additive, band_mask, regular_runs
 
 flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward

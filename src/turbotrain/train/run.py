@@ -11,20 +11,20 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from turbotrain import checkpoint as ckpt_io
-from turbotrain import distributed as dist
-from turbotrain import resume
-from turbotrain.allocator import configure_malloc
-from turbotrain.atomic import remove_stale_temps
-from turbotrain.build import Parts, build
 from turbotrain.compression import prune
-from turbotrain.loop import Diverged, TrainState, evaluate, train_one_epoch
+from turbotrain.config.validation import validate
+from turbotrain.core import checkpoint as ckpt_io
+from turbotrain.core.allocator import configure_malloc
+from turbotrain.core.atomic import remove_stale_temps
+from turbotrain.core.seeds import derived_seed, seed_everything
 from turbotrain.models import architecture
-from turbotrain.preemption import Preempted, StopFlag, resume_hint, stop_now, watch_signals
-from turbotrain.profiling import profiler
-from turbotrain.seeds import derived_seed, seed_everything
-from turbotrain.tracking import Tracker, peak_mem_mb, process_age_s, trim_metrics
-from turbotrain.validation import validate
+from turbotrain.train import distributed as dist
+from turbotrain.train import resume
+from turbotrain.train.build import Parts, build
+from turbotrain.train.loop import Diverged, TrainState, evaluate, train_one_epoch
+from turbotrain.train.preemption import Preempted, StopFlag, resume_hint, stop_now, watch_signals
+from turbotrain.train.profiling import profiler
+from turbotrain.train.tracking import Tracker, peak_mem_mb, process_age_s, trim_metrics
 
 log = logging.getLogger("turbotrain")
 

@@ -25,20 +25,16 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from turbotrain import checkpoint as ckpt_io
-from turbotrain import preemption
-from turbotrain.attention import ATTENTION
+from turbotrain.core import checkpoint as ckpt_io
+from turbotrain.core.schema import ConfigError
 from turbotrain.data.loader import EpochSampler, build_loader
-from turbotrain.loop import short_run
-from turbotrain.precision import build_precision
-from turbotrain.schema import ConfigError
+from turbotrain.models.attention.options import ATTENTION
+from turbotrain.train import preemption
+from turbotrain.train.loop import short_run
+from turbotrain.train.precision import build_precision
 
 log = logging.getLogger("turbotrain")
 
-KNOBS = ("channels_last", "compile", "num_workers", "attention")  # trainer.autotune_knobs: settings that leave the numerics alone
-# settings that change the model's function: tuned only when trainer.autotune_knobs lists them.
-# attention_kernel: an attention option with the `approximates` trait (sliding_window) or the one it approximates (full)
-NUMERICS_KNOBS = ("attention_kernel",)
 WARMUP = 2  # steps not counted in the median step time (first call, allocator, worker start-up)
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from turbotrain.registry import Registry
-from turbotrain.schema import NON_NEGATIVE, POSITIVE, UNIT_HALF_OPEN, ConfigError, setting
-from turbotrain.sliding_window import sliding_window_attention
+from turbotrain.core.registry import Registry
+from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, UNIT_HALF_OPEN, ConfigError, setting
+from turbotrain.models.attention.sliding_window import sliding_window_attention
 
 log = logging.getLogger("turbotrain")
 NAME = "turbotrain_sliding_window"

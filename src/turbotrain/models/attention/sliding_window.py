@@ -16,8 +16,8 @@ from dataclasses import replace
 import torch
 from torch.nn import functional as F
 
-from turbotrain.sliding_window_cpu import FlashBands
-from turbotrain.sliding_window_layout import Layout, band_mask, global_mask
+from turbotrain.models.attention.sliding_window_cpu import FlashBands
+from turbotrain.models.attention.sliding_window_layout import Layout, band_mask, global_mask
 
 
 def sliding_window_attention(

@@ -6,13 +6,13 @@ import sys
 
 import torch
 
-from turbotrain.atomic import WriteError
-from turbotrain.checkpoint import CheckpointError
-from turbotrain.config import ConfigError, check_group_options
-from turbotrain.data.safe import DataError
-from turbotrain.distributed import LaunchError
 
-USER_ERRORS = (ConfigError, CheckpointError, LaunchError, DataError, FileNotFoundError, WriteError)
+class UserError(Exception):
+    """An error the user can fix (a value, a file, a launch): one line on stderr, exit code 2.
+    Each layer's own kinds (ConfigError, CheckpointError, DataError, ...) derive from it."""
+
+
+USER_ERRORS = (UserError, FileNotFoundError)
 
 OOM_HINT = (
     "out of memory: lower data.batch_size (keep the global batch with trainer.grad_accum_steps), use "
@@ -41,11 +41,3 @@ def one_line(error: BaseException) -> str:
 
 def report(error: BaseException) -> None:
     print(f"error: {one_line(error)}", file=sys.stderr)
-
-
-def exit_on_unknown_option(argv: list[str], conf_dir) -> None:
-    """Before Hydra starts: an unknown `group=option` ends the process with one line, exit 2."""
-    problem = check_group_options(argv, conf_dir)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)

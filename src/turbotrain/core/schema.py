@@ -7,8 +7,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from turbotrain.core.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config value is outside what the pipeline supports; the message names the key."""
 
 

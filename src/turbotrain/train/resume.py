@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from turbotrain.schema import ConfigError
+from turbotrain.core.schema import ConfigError
 
 log = logging.getLogger("turbotrain")
 

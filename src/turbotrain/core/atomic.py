@@ -16,10 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from turbotrain.core.errors import UserError
+
 _TEMP = re.compile(r"^\..+\.tmp(\d+)$")
 
 
-class WriteError(RuntimeError):
+class WriteError(UserError, RuntimeError):
     """An artifact could not be written (disk full, permissions, I/O error); the message names the
     path and says what was kept."""
 

@@ -13,19 +13,19 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from turbotrain import distributed as dist
-from turbotrain.attention import ATTENTION
-from turbotrain.autotune import apply_choice, autotune, choice_from_checkpoint
+from turbotrain.core.modules import count_flops
+from turbotrain.core.schema import ConfigError
 from turbotrain.data import DataBundle, build_data
 from turbotrain.data.loader import EpochSampler, build_loader
 from turbotrain.data.resolution import Resolution, warn_if_maps_collapse
 from turbotrain.models import build_for, build_tokenizer_for
-from turbotrain.modules import count_flops
-from turbotrain.optim import build_optimizer
-from turbotrain.precision import Precision, build_precision
-from turbotrain.sched import build_scheduler
-from turbotrain.schema import ConfigError
-from turbotrain.surgery import apply_surgery, initial_weights
+from turbotrain.models.attention.options import ATTENTION
+from turbotrain.train import distributed as dist
+from turbotrain.train.autotune import apply_choice, autotune, choice_from_checkpoint
+from turbotrain.train.optim import build_optimizer
+from turbotrain.train.precision import Precision, build_precision
+from turbotrain.train.sched import build_scheduler
+from turbotrain.train.surgery import apply_surgery, initial_weights
 
 log = logging.getLogger("turbotrain")
 

@@ -9,13 +9,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from turbotrain import checkpoint as ckpt_io
-from turbotrain import preemption
-from turbotrain.attention import apply_attention
 from turbotrain.compression import COMPRESSION, apply_compression
-from turbotrain.loop import evaluate, forward, short_run
+from turbotrain.core import checkpoint as ckpt_io
+from turbotrain.core.modules import forward
 from turbotrain.models import load_weights
-from turbotrain.precision import FP32_CPU
+from turbotrain.models.attention.options import apply_attention
+from turbotrain.train import preemption
+from turbotrain.train.loop import evaluate, short_run
+from turbotrain.train.precision import FP32_CPU
 
 log = logging.getLogger("turbotrain")
 

@@ -25,18 +25,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from turbotrain.atomic import atomic_write_text
-from turbotrain.preemption import Preempted, resume_hint
-from turbotrain.registry import Registry
-from turbotrain.resume import restarts
-from turbotrain.schema import NON_NEGATIVE, POSITIVE, ConfigError, setting
+from turbotrain.core.atomic import atomic_write_text
+from turbotrain.core.errors import UserError
+from turbotrain.core.registry import Registry
+from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, ConfigError, setting
+from turbotrain.train.preemption import Preempted, resume_hint
+from turbotrain.train.resume import restarts
 
 log = logging.getLogger("turbotrain")
 RUN_DIR_NOTES = Path("outputs/.torchrun")
 SELF_LAUNCHED = "TURBOTRAIN_DDP_LAUNCHED"
 
 
-class LaunchError(RuntimeError):
+class LaunchError(UserError, RuntimeError):
     """A DDP worker failed or never joined; the message names the rank."""
 
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from turbotrain.registry import Registry
-from turbotrain.schema import NON_NEGATIVE, POSITIVE, UNIT_HALF_OPEN, setting
+from turbotrain.core.registry import Registry
+from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, UNIT_HALF_OPEN, setting
 
 OPTIMIZERS = Registry("optim")
 

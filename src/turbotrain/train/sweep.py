@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from hydra.experimental.callback import Callback
 
-from turbotrain.atomic import atomic_write_text
+from turbotrain.core.atomic import atomic_write_text
 
 log = logging.getLogger("turbotrain")
 COLUMNS = ("job", "overrides", "best_val_acc1", "val_loss", "train_time_s", "samples_per_s", "status", "error")

@@ -9,17 +9,21 @@ schema fields; `validation.validate` checks them and names the key in one line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from turbotrain.autotune import KNOBS
-from turbotrain.registry import REGISTRIES, load_all
-from turbotrain.schema import NON_NEGATIVE, POSITIVE, ConfigError, setting
+from turbotrain.core.registry import REGISTRIES
+from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, ConfigError, setting
 
 __all__ = ["ConfigError", "ExportConfig", "TrainConfig", "TrainerConfig", "register_configs"]
+
+
+KNOBS = ("channels_last", "compile", "num_workers", "attention")  # trainer.autotune_knobs: settings that leave the numerics alone
+# settings that change the model's function: tuned only when trainer.autotune_knobs lists them.
+# attention_kernel: an attention option with the `approximates` trait (sliding_window) or the one it approximates (full)
+NUMERICS_KNOBS = ("attention_kernel",)
 
 
 @dataclass
@@ -79,23 +83,8 @@ class ExportConfig:
     device: str = "cpu"
 
 
-def check_group_options(argv: list[str], conf_dir: Path) -> str | None:
-    """Hydra answers an unknown `group=option` with a dozen lines (options and search path); this
-    says it in one, before Hydra starts. Returns the message, or None when every option exists."""
-    for arg in argv:
-        key, sep, value = arg.lstrip("+~").partition("=")
-        group = conf_dir / key
-        if not sep or "/" in key or not group.is_dir() or "," in value or value in ("", "null"):
-            continue
-        if not (group / f"{value}.yaml").is_file():
-            allowed = ", ".join(sorted(f.stem for f in group.glob("*.yaml")))
-            return f"{key}={value} is not an option of the {key} group; allowed: {allowed}"
-    return None
-
-
 def registries() -> dict:
-    """Every config group's registry, filled."""
-    load_all()
+    """Every config group's registry (filled once turbotrain.options is imported)."""
     return REGISTRIES
 
 

@@ -1,5 +1,5 @@
-"""Operations on a model's module tree: eval mode for a block of code, replacing a submodule by
-its dotted name, and counting forward FLOPs (and multiply-accumulates)."""
+"""Operations on a model's module tree: calling it on a batch's inputs, eval mode for a block of
+code, replacing a submodule by its dotted name, and counting forward FLOPs (and multiply-accumulates)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
+
+
+def forward(model: nn.Module, inputs) -> torch.Tensor:
+    """Logits for an image tensor or a text batch (a dict of tensors; transformers' output object)."""
+    out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+    return out.logits if hasattr(out, "logits") else out
 
 
 @contextlib.contextmanager

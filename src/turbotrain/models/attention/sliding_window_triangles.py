@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
-from turbotrain.sliding_window_layout import Layout, additive
+from turbotrain.models.attention.sliding_window_layout import Layout, additive
 
 flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward

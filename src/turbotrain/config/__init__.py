@@ -1,0 +1,27 @@
+"""The config layer: the top-level schemas (ConfigStore), the command line's group check, and
+validation of a composed config against each selected option's schema."""
+
+from turbotrain.config.command_line import check_group_options, exit_on_unknown_option
+from turbotrain.config.schemas import (
+    KNOBS,
+    NUMERICS_KNOBS,
+    ExportConfig,
+    TrainConfig,
+    TrainerConfig,
+    register_configs,
+    registries,
+)
+from turbotrain.core.schema import ConfigError
+
+__all__ = [
+    "KNOBS",
+    "NUMERICS_KNOBS",
+    "ConfigError",
+    "ExportConfig",
+    "TrainConfig",
+    "TrainerConfig",
+    "check_group_options",
+    "exit_on_unknown_option",
+    "register_configs",
+    "registries",
+]

@@ -1,0 +1,33 @@
+"""Every module that registers config-group options, listed: importing this fills the registries.
+The entry points import it first; a new option module is added here (a test checks the list)."""
+
+from turbotrain.compression import compress, conv_lowrank, lowrank, prune
+from turbotrain.core.registry import options_loaded
+from turbotrain.data import folder, loader, text, vision
+from turbotrain.deploy import quantize
+from turbotrain.models import text as text_models
+from turbotrain.models import vision as vision_models
+from turbotrain.models.attention import options as attention
+from turbotrain.train import distributed, optim, precision, profiling, sched, tracking
+
+MODULES = (
+    compress,
+    conv_lowrank,
+    lowrank,
+    prune,
+    folder,
+    loader,
+    text,
+    vision,
+    quantize,
+    text_models,
+    vision_models,
+    attention,
+    distributed,
+    optim,
+    precision,
+    profiling,
+    sched,
+    tracking,
+)
+options_loaded()
