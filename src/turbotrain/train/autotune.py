@@ -29,9 +29,9 @@ from turbotrain.core import checkpoint as ckpt_io
 from turbotrain.core.schema import ConfigError
 from turbotrain.data.loader import EpochSampler, build_loader
 from turbotrain.models.attention.options import ATTENTION
-from turbotrain.train import preemption
 from turbotrain.train.loop import short_run
 from turbotrain.train.precision import build_precision
+from turbotrain.train.preemption import Preempted, StopFlag
 
 log = logging.getLogger("turbotrain")
 
@@ -50,7 +50,7 @@ class Trial:
         return self.first_step_s + max(0, steps - 1) * self.step_s
 
 
-def _time_setting(cfg, data, model: nn.Module, device: torch.device, setting: dict, steps: int) -> Trial:
+def _time_setting(cfg, data, model: nn.Module, device: torch.device, setting: dict, steps: int, stop: StopFlag) -> Trial:
     trial = Trial(setting)
     m = copy.deepcopy(model).to(device)
     if setting["channels_last"]:
@@ -78,12 +78,12 @@ def _time_setting(cfg, data, model: nn.Module, device: torch.device, setting: di
             device=device,
             precision=build_precision(cfg.precision, device),
             batches=min(len(loader), WARMUP + steps),
-            on_step=lambda _: (ends.append(time.perf_counter()), preemption.stop_now("autotune trials")),
+            on_step=lambda _: (ends.append(time.perf_counter()), stop.stop_now("autotune trials")),
             channels_last=setting["channels_last"],
             grad_accum_steps=1,
             log_every_n_steps=10**9,
         )
-    except preemption.Preempted:
+    except Preempted:
         raise
     except Exception as e:  # e.g. torch.compile without a C compiler: that setting is out
         trial.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
@@ -130,6 +130,7 @@ def autotune(
     total_steps: int,
     reduce: Callable[[torch.Tensor], torch.Tensor] | None,
     knobs: list[str],
+    stop: StopFlag,
 ) -> dict:
     """Measure the `knobs`, pick, and return {"chosen": setting, "table": [...], "seconds": s}.
     `reduce` (a sum across DDP ranks) makes every rank pick the same setting from the summed times."""
@@ -137,7 +138,7 @@ def autotune(
     steps = int(cfg.trainer.autotune_steps)
 
     def measure(settings: list[dict]) -> list[Trial]:
-        trials = [_time_setting(cfg, data, model, device, s, steps) for s in settings]
+        trials = [_time_setting(cfg, data, model, device, s, steps, stop) for s in settings]
         cost = torch.tensor([t.projected_s(total_steps) for t in trials], dtype=torch.float64)
         if reduce is not None:
             cost = reduce(cost)
@@ -148,7 +149,7 @@ def autotune(
     stage1, workers = candidates(cfg, data.kind, knobs)
     # one untimed eager trial first: the process's one-time costs (lazy init, kernel caches,
     # allocator growth) would otherwise count against whichever setting is timed first
-    _time_setting(cfg, data, model, device, {**stage1[0], "compile": False}, steps=1)
+    _time_setting(cfg, data, model, device, {**stage1[0], "compile": False}, 1, stop)
     trials = measure(stage1)
     best = min(trials, key=lambda t: t.projected)
     trials += measure([{**best.setting, "num_workers": w} for w in workers])

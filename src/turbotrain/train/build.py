@@ -24,6 +24,7 @@ from turbotrain.train import distributed as dist
 from turbotrain.train.autotune import apply_choice, autotune, choice_from_checkpoint
 from turbotrain.train.optim import build_optimizer
 from turbotrain.train.precision import Precision, build_precision
+from turbotrain.train.preemption import StopFlag
 from turbotrain.train.sched import build_scheduler
 from turbotrain.train.surgery import apply_surgery, initial_weights
 
@@ -58,17 +59,23 @@ class Parts:
 
 
 def build(
-    cfg, info: dist.DistInfo, device: torch.device, resume_ckpt: dict | None = None, resume_path: Path | None = None
+    cfg,
+    info: dist.DistInfo,
+    device: torch.device,
+    stop: StopFlag,
+    resume_ckpt: dict | None = None,
+    resume_path: Path | None = None,
 ) -> Parts:
     """Steps 2-4. With trainer.autotune the measured choice is written into `cfg`, which is the
-    run's effective config from here on (checkpoints save it; resume reuses it)."""
+    run's effective config from here on (checkpoints save it; resume reuses it). `stop`: the
+    run's stop request, polled by compression's evaluations and fine-tuning and autotune's trials."""
     data, model = _data_and_model(cfg)
     initial_weights(model, cfg, resume_ckpt, resume_path)
     loaders = _loaders(cfg, data, info, device)
-    compression = apply_surgery(cfg, model, data.kind, loaders.train, loaders.val, resumed=resume_ckpt is not None)
+    compression = apply_surgery(cfg, model, data.kind, loaders.train, loaders.val, resume_ckpt is not None, stop)
     params, flops = sum(p.numel() for p in model.parameters()), count_flops(model, _flop_example(data))
     resize = _resolution(cfg, data, model, loaders.total_steps)
-    tuned = _autotune(cfg, data, model, device, info, loaders, resume_ckpt)
+    tuned = _autotune(cfg, data, model, device, info, loaders, resume_ckpt, stop)
     if tuned is not None and cfg.loader.num_workers != loaders.train.num_workers:
         loaders = _loaders(cfg, data, info, device)
     train_model = _placed(cfg, model, info, device)
@@ -132,7 +139,9 @@ def _resolution(cfg, data: DataBundle, model: nn.Module, total_steps: int) -> Re
     return resolution
 
 
-def _autotune(cfg, data, model, device, info: dist.DistInfo, loaders: Loaders, resume_ckpt: dict | None) -> dict | None:
+def _autotune(
+    cfg, data, model, device, info: dist.DistInfo, loaders: Loaders, resume_ckpt: dict | None, stop: StopFlag
+) -> dict | None:
     """trainer.autotune (or loader=tuned: the worker count alone, by real steps); the choice is
     applied to `cfg` and the model. A resumed run keeps its first session's choice."""
     tc = cfg.trainer
@@ -145,7 +154,7 @@ def _autotune(cfg, data, model, device, info: dist.DistInfo, loaders: Loaders, r
         knobs = list(tc.autotune_knobs) if tc.autotune else ["num_workers"]
         knobs = [k for k in knobs if k != "num_workers" or not data.batches_on_device]
         reduce = dist.all_reduce_sum if info.enabled else None
-        tuned = autotune(cfg, data, model, device, loaders.total_steps, reduce, knobs)
+        tuned = autotune(cfg, data, model, device, loaders.total_steps, reduce, knobs, stop)
     apply_choice(cfg, tuned["chosen"])
     if data.kind == "text" and ATTENTION.of(cfg.attention).traits.get("kernels"):  # full attention, tuned or swapped in
         model.set_attn_implementation(cfg.attention.implementation)

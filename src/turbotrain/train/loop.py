@@ -13,10 +13,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from turbotrain.core.modules import eval_mode, forward
-from turbotrain.train import preemption
 from turbotrain.train.meter import Meter, timed_batches, topk_correct
 from turbotrain.train.optim import build_optimizer
 from turbotrain.train.precision import Precision
+from turbotrain.train.preemption import StopFlag
 from turbotrain.train.tracking import Tracker, gpu_util, peak_mem_mb
 
 
@@ -95,13 +95,14 @@ def evaluate(
     max_batches: int | None = None,
     channels_last: bool = False,
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    stop: StopFlag | None = None,
 ) -> dict:
     """Loss/top-1/top-5 over the loader. `reduce` (e.g. an all_reduce) sums the totals
     across processes before they become means."""
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, correct1, correct5, n
     with eval_mode(model):
         for i, batch in enumerate(loader):
-            if (max_batches is not None and i >= max_batches) or preemption.requested() is not None:
+            if (max_batches is not None and i >= max_batches) or (stop is not None and stop.signum is not None):
                 break  # a stop request: the caller discards these partial figures
             inputs, target = to_device(batch, device, channels_last)
             with precision.autocast():

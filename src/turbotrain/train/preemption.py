@@ -19,35 +19,28 @@ class Preempted(RuntimeError):
 
 
 class StopFlag:
+    """A run's stop request: the signal received since its watch_signals block began, if any.
+    Loops that run outside the optimizer step (validation, start-up, autotune trials,
+    fine-tuning) take it and poll it once per batch."""
+
     signum: int | None = None
 
-
-_current = StopFlag()  # the flag of the innermost watch_signals block (a fresh one outside any)
+    def stop_now(self, where: str) -> None:
+        """Raise Preempted when a signal has arrived and nothing is worth saving at this point."""
+        if self.signum is not None:
+            name = signal.Signals(self.signum).name
+            raise Preempted(self.signum, f"stopped by {name} during {where}; no training was lost (none had started)")
 
 
 def resume_hint(run_dir: Path | str) -> str:
     return f"resume with: python train.py trainer.resume=auto hydra.run.dir={run_dir} (plus your overrides)"
 
 
-def requested() -> int | None:
-    """The signal received in this process since watching began, if any. Loops that run outside the
-    optimizer step (validation, start-up, autotune trials, fine-tuning) poll it once per batch."""
-    return _current.signum
-
-
-def stop_now(where: str) -> None:
-    """Raise Preempted when a signal has arrived and nothing is worth saving at this point."""
-    if _current.signum is not None:
-        name = signal.Signals(_current.signum).name
-        raise Preempted(_current.signum, f"stopped by {name} during {where}; no training was lost (none had started)")
-
-
 @contextlib.contextmanager
 def watch_signals() -> Iterator[StopFlag]:
     """Within the block, SIGTERM/SIGINT only set `flag.signum`; the loops check it once per batch.
     A second signal gets the default behaviour (immediate exit)."""
-    global _current
-    flag, outer = StopFlag(), _current
+    flag = StopFlag()
     if threading.current_thread() is not threading.main_thread():
         yield flag  # signal handlers can only be set from the main thread
         return
@@ -60,10 +53,8 @@ def watch_signals() -> Iterator[StopFlag]:
 
     for s in previous:
         signal.signal(s, handler)
-    _current = flag
     try:
         yield flag
     finally:
-        _current = outer
         for s, h in previous.items():
             signal.signal(s, h)

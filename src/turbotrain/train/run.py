@@ -22,7 +22,7 @@ from turbotrain.train import distributed as dist
 from turbotrain.train import resume
 from turbotrain.train.build import Parts, build
 from turbotrain.train.loop import Diverged, TrainState, evaluate, train_one_epoch
-from turbotrain.train.preemption import Preempted, StopFlag, resume_hint, stop_now, watch_signals
+from turbotrain.train.preemption import Preempted, StopFlag, resume_hint, watch_signals
 from turbotrain.train.profiling import profiler
 from turbotrain.train.tracking import Tracker, peak_mem_mb, process_age_s, trim_metrics
 
@@ -92,8 +92,8 @@ class Run:
         ckpt = ckpt_io.load(resume_path) if resume_path is not None else None
         if ckpt is not None:
             resume.check_config(ckpt, cfg, info.world_size, resume_path)
-        self.p: Parts = build(cfg, info, device, ckpt, resume_path)
-        stop_now("start-up (data, model, autotune, compression)")
+        self.p: Parts = build(cfg, info, device, stop, ckpt, resume_path)
+        stop.stop_now("start-up (data, model, autotune, compression)")
         self.state, self.metrics = TrainState(), {}
         if ckpt is not None:
             ckpt_io.restore(ckpt, optimizer=self.p.optimizer, scaler=self.p.precision.scaler)
@@ -225,6 +225,7 @@ class Run:
             max_batches=tc.limit_val_batches,
             channels_last=tc.channels_last,
             reduce=dist.all_reduce_sum if info.enabled else None,
+            stop=self.stop,
         )
         self.stop_if_asked()  # validation stops within a batch; the epoch's training is saved
         self.metrics = {f"val_{k}": v for k, v in val.items()}

@@ -14,9 +14,9 @@ from turbotrain.core import checkpoint as ckpt_io
 from turbotrain.core.modules import forward
 from turbotrain.models import load_weights
 from turbotrain.models.attention.options import apply_attention
-from turbotrain.train import preemption
 from turbotrain.train.loop import evaluate, short_run
 from turbotrain.train.precision import FP32_CPU
+from turbotrain.train.preemption import StopFlag
 
 log = logging.getLogger("turbotrain")
 
@@ -36,7 +36,7 @@ def initial_weights(model: nn.Module, cfg, resume_ckpt: dict | None, resume_path
         )
 
 
-def apply_surgery(cfg, model: nn.Module, kind: str, train_loader, val_loader, resumed: bool) -> dict | None:
+def apply_surgery(cfg, model: nn.Module, kind: str, train_loader, val_loader, resumed: bool, stop: StopFlag) -> dict | None:
     """Step 3 on the CPU model: attention choices (text), then compression, measured before/after.
     Compression is skipped when resuming (the checkpoint already has the compressed shapes;
     methods that keep masks re-apply them)."""
@@ -51,7 +51,7 @@ def apply_surgery(cfg, model: nn.Module, kind: str, train_loader, val_loader, re
     cpu, fp32 = torch.device("cpu"), FP32_CPU
 
     def acc(m: nn.Module) -> float:
-        return evaluate(m, val_loader, device=cpu, precision=fp32, max_batches=cfg.trainer.limit_val_batches)["acc1"]
+        return evaluate(m, val_loader, device=cpu, precision=fp32, max_batches=cfg.trainer.limit_val_batches, stop=stop)["acc1"]
 
     def grad_batch(m: nn.Module) -> None:
         x, y, *_ = next(iter(train_loader))
@@ -62,7 +62,7 @@ def apply_surgery(cfg, model: nn.Module, kind: str, train_loader, val_loader, re
         steps = cfg.compression.finetune_steps
         if steps:
             batches = min(len(train_loader), steps * cfg.trainer.grad_accum_steps)
-            on_step = lambda _: preemption.stop_now("pruning fine-tuning")  # noqa: E731
+            on_step = lambda _: stop.stop_now("pruning fine-tuning")  # noqa: E731
             short_run(m, train_loader, cfg, device=cpu, precision=fp32, batches=batches, on_step=on_step, channels_last=False)
 
     example = next(iter(val_loader))[0]
