@@ -13,9 +13,9 @@ import turbotrain.options  # noqa: F401  (fills the option registries)
 from turbotrain.config import exit_on_unknown_option, register_configs
 from turbotrain.core.errors import USER_ERRORS, as_out_of_memory, one_line, report
 from turbotrain.train import sweep
-from turbotrain.train.distributed import note_run_dir, torchrun_argv
 from turbotrain.train.preemption import Preempted
 from turbotrain.train.run import TrainingError, train
+from turbotrain.train.run_dir import note_run_dir, torchrun_argv
 
 register_configs()
 

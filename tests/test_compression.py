@@ -17,7 +17,7 @@ from turbotrain.core.checkpoint import load
 from turbotrain.core.modules import count_macs
 from turbotrain.data import build_data
 from turbotrain.models import build_model, from_checkpoint
-from turbotrain.train.loop import evaluate
+from turbotrain.train.evaluation import evaluate
 from turbotrain.train.precision import build_precision
 from turbotrain.train.run import train
 

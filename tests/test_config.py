@@ -199,8 +199,9 @@ SPECIFIC = {
     ("loader", "tuned"): lambda b: (
         (b["loader"].num_workers, b["loader"].prefetch_factor, b["loader"].persistent_workers) == (2, 4, True)
     ),
-    ("logger", "none"): lambda b: b["tracker_wandb"] is None,
-    ("logger", "wandb"): lambda b: b["tracker_wandb"] is not None,
+    ("logger", "none"): lambda b: b["logger"] is None,
+    ("logger", "wandb"): lambda b: type(b["logger"]).__name__ == "WandbLogger",
+    ("logger", "tensorboard"): lambda b: any((b["tmp"] / "tensorboard").iterdir()),
     ("model", "small_cnn"): lambda b: type(b["model"]).__name__ == "SmallCNN",
     ("model", "resnet18"): lambda b: "BasicBlock" in _modules(b["model"]) and "Bottleneck" not in _modules(b["model"]),
     ("model", "resnet50"): lambda b: "Bottleneck" in _modules(b["model"]),
@@ -267,7 +268,7 @@ def test_option_composes_and_instantiates(group, option, jpeg_tree, tmp_path):
     assert x.shape[0] == 4 and y.shape == (4,) and x.dtype == torch.float32
     tracker = Tracker(tmp_path, enabled=True, logger_cfg=cfg.logger, config={})
     tracker.log(step=0, split="train", loss=1.0)
-    wandb_run = tracker._wandb  # close() lets go of it
+    logger = tracker._logger  # close() lets go of it
     tracker.close()
     built = {
         "cfg": cfg,
@@ -278,7 +279,7 @@ def test_option_composes_and_instantiates(group, option, jpeg_tree, tmp_path):
         "sched": sched,
         "loader": loader,
         "precision": build_precision(cfg.precision, torch.device("cpu")),
-        "tracker_wandb": wandb_run,
+        "logger": logger,
         "tmp": tmp_path,
     }
     assert SPECIFIC[group, option](built), f"{group}={option}: its specific check failed"

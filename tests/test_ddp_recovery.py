@@ -3,6 +3,7 @@ ranks agree on a stop, save per-rank RNG, restart elastically, and leave nothing
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -91,6 +92,7 @@ def test_sigterm_to_one_rank_stops_both_and_resume_equals_uninterrupted(tmp_path
     _same_weights(full, cut)
 
 
+@pytest.mark.slow  # the default suite signals the launcher and the workers together (two_sigterms)
 def test_sigterm_to_the_launcher_saves_and_exits_143(tmp_path):
     run = tmp_path / "run"
     proc = _start([*DDP, "trainer.max_epochs=50", f"hydra.run.dir={run}"], uuid.uuid4().hex, tmp_path)
@@ -100,6 +102,30 @@ def test_sigterm_to_the_launcher_saves_and_exits_143(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr, stderr[-3000:]
     assert load(run / "checkpoints" / "last.pt")["state"]["global_step"] >= 2
+
+
+def test_two_sigterms_to_every_process_still_save_and_exit_143(tmp_path):
+    """SLURM (scancel, time limit, preemption) sends SIGTERM to every process of the step, and the
+    elastic agent forwards one more to its workers: none of them may cut the save short."""
+    run, tag = tmp_path / "run", uuid.uuid4().hex
+    slow_steps = ("model=resnet18", "data.image_size=64")  # the second signal lands before the step ends
+    proc = _start([*DDP, *slow_steps, "trainer.max_epochs=50", f"hydra.run.dir={run}"], tag, tmp_path)
+    _wait_for_step(run, proc, 2)
+    pids = [proc.pid, *_pids_with_env(tag, "0"), *_pids_with_env(tag, "1")]
+    assert len(pids) == 3
+    for gap in (0.01, *[0.1] * 50):  # two SIGTERMs 10 ms apart, then more until the launcher is gone
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        time.sleep(gap)
+        if proc.poll() is not None:
+            break
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr, stderr[-3000:]
+    saved = load(run / "checkpoints" / "last.pt")["state"]["global_step"]
+    assert saved >= 2
+    assert max(_train_steps(run)) == saved  # saved at the step it stopped at, not an older checkpoint
 
 
 @pytest.mark.slow  # real processes, ~20-70 s on a 2-core CPU: `python -m pytest -m slow`
@@ -128,6 +154,31 @@ def _free_port() -> int:
 def _torchrun(args, cwd):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master-port={_free_port()}"]
     return subprocess.run([*cmd, str(ROOT / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_torchrun_restart_after_rank0_stopped_continues_in_its_dir(tmp_path):
+    """torchrun --max-restarts=1: rank 0 alone is stopped at a known step (it exits through Python,
+    as on an error of its own); the restarted group continues the same run dir from last.pt."""
+    tag = uuid.uuid4().hex
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--max-restarts=1"]
+    cmd += [f"--master-port={_free_port()}", str(ROOT / "train.py"), *DDP]
+    env = {**os.environ, "TT_TEST_TAG": tag, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not (runs := list((tmp_path / "outputs" / "train").glob("*/metrics.jsonl"))):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    run = runs[0].parent
+    _wait_for_step(run, proc, 3)
+    for pid in _pids_with_env(tag, "0"):
+        os.kill(pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert [p.name for p in (tmp_path / "outputs" / "train").iterdir()] == [run.name]  # one run dir
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["steps"] == 24
+    assert _train_steps(run) == list(range(1, 25))  # continued from last.pt: every step logged once
+    assert not any((tmp_path / "outputs" / ".torchrun").iterdir())  # the finished run's note is gone
 
 
 @pytest.mark.slow  # real processes, ~20-70 s on a 2-core CPU: `python -m pytest -m slow`

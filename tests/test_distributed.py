@@ -37,12 +37,14 @@ EQUIV = (
 
 def test_two_process_ddp_equals_one_process_on_same_global_batch(tmp_path):
     one, two = tmp_path / "one" / "run", tmp_path / "two" / "run"
-    r = run_cli("train.py", *EQUIV, "data.batch_size=64", f"hydra.run.dir={one}", cwd=tmp_path)
+    ema = "trainer.ema_decay=0.5"  # the average follows the weights: equal too
+    r = run_cli("train.py", *EQUIV, ema, "data.batch_size=64", f"hydra.run.dir={one}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     (tmp_path / "two").mkdir()
     r = run_cli(
         "train.py",
         *EQUIV,
+        ema,
         "data.batch_size=32",
         "distributed=ddp",
         "distributed.nproc=2",
@@ -54,6 +56,9 @@ def test_two_process_ddp_equals_one_process_on_same_global_batch(tmp_path):
     assert a["state"]["global_step"] == b["state"]["global_step"] == 4
     for k, v in a["model"].items():
         torch.testing.assert_close(b["model"][k], v, rtol=1e-4, atol=1e-5, msg=k)
+    assert a["ema"]["updates"] == b["ema"]["updates"] == 4
+    for k, v in a["ema"]["weights"].items():
+        torch.testing.assert_close(b["ema"]["weights"][k], v, rtol=1e-4, atol=1e-5, msg=f"ema {k}")
     # Validation is sharded across ranks and summed: the same figures as one process.
     assert b["metrics"]["val_samples"] == a["metrics"]["val_samples"] == 359
     assert abs(b["metrics"]["val_acc1"] - a["metrics"]["val_acc1"]) < 1e-9

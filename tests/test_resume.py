@@ -6,11 +6,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 from hydra import compose, initialize_config_dir
 
-from conftest import CONF, TINY, make_cfg
+from conftest import CONF, ROOT, TINY, make_cfg
+from test_train import assert_same_run
 from turbotrain.config import ConfigError
 from turbotrain.core import atomic
 from turbotrain.core.atomic import WriteError
@@ -84,7 +88,7 @@ def test_best_is_never_older_than_the_metrics(tmp_path, monkeypatch):
     def replace(src, dst):
         if os.path.basename(os.path.dirname(dst)) == "checkpoints":
             writes.append(os.path.basename(dst))
-            if len(writes) == 4:  # epoch 2's second file (epoch 1 wrote two as well)
+            if len(writes) == 6:  # epoch 2's last.pt after its best.pt (each epoch: last.pt before validation, best, last)
                 raise Killed
         real_replace(src, dst)
 
@@ -93,7 +97,7 @@ def test_best_is_never_older_than_the_metrics(tmp_path, monkeypatch):
         m.setattr(os, "replace", replace)
         with pytest.raises(Killed):
             train(make_cfg(*cfg, "trainer.max_epochs=2"), tmp_path)
-    assert sorted(writes) == ["best.pt", "best.pt", "last.pt", "last.pt"]  # epoch 2 improved
+    assert writes == ["last.pt", "best.pt", "last.pt", "last.pt", "best.pt", "last.pt"]  # epoch 2 improved
     train(make_cfg(*cfg, "trainer.max_epochs=2", "trainer.resume=auto"), tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     best = load(tmp_path / "checkpoints" / "best.pt")
@@ -149,3 +153,37 @@ def test_full_disk_during_checkpoint_keeps_last_and_says_so(tmp_path, monkeypatc
     assert one_line(e.value) == f"could not write {path}: No space left on device {kept}"
     assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best.pt", "last.pt"]  # no temp left
+
+
+def test_kill_9_mid_epoch_loses_at_most_the_clock_interval_and_resumes_exactly(tmp_path):
+    """trainer.checkpoint_every_minutes: a SIGKILL (OOM killer, lost node) in the first epoch,
+    before any epoch-end checkpoint, repeats at most the interval, and the resumed run equals
+    the uninterrupted one."""
+    minutes = 0.003
+    common = (
+        "data=digits",
+        "data.batch_size=16",
+        "model.width=16",
+        "data.image_size=32",
+        "trainer.max_epochs=1",
+        "trainer.log_every_n_steps=1",
+        "trainer.progress_bar=false",
+        f"trainer.checkpoint_every_minutes={minutes}",
+    )
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    train(make_cfg(*common), full)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *common, f"hydra.run.dir={cut}"], cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while not ((cut / "metrics.jsonl").is_file() and len(_events(cut)) >= 40):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    logged = _events(cut)  # what the killed process had done
+    saved = load(cut / "checkpoints" / "last.pt")["state"]
+    assert saved["epoch"] == 0 and 0 < saved["global_step"] <= logged[-1]["step"]  # a clock checkpoint
+    gaps = [b["time"] - a["time"] for a, b in zip(logged, logged[1:])]
+    at_save = next(e["time"] for e in logged if e["step"] == saved["global_step"])
+    assert logged[-1]["time"] - at_save <= 60 * minutes + 2 * max(gaps)  # at most the interval (and its step) lost
+    train(make_cfg(*common, "trainer.resume=auto"), cut)
+    assert_same_run(full, cut)

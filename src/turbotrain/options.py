@@ -8,7 +8,7 @@ from turbotrain.deploy import quantize
 from turbotrain.models import text as text_models
 from turbotrain.models import vision as vision_models
 from turbotrain.models.attention import options as attention
-from turbotrain.train import distributed, optim, precision, profiling, sched, tracking
+from turbotrain.train import distributed, loggers, optim, precision, profiling, sched
 
 MODULES = (
     compress,
@@ -28,6 +28,6 @@ MODULES = (
     precision,
     profiling,
     sched,
-    tracking,
+    loggers,
 )
 options_loaded()

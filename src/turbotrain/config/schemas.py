@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from turbotrain.core.registry import REGISTRIES
-from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, ConfigError, setting
+from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, UNIT_HALF_OPEN, UNIT_OPEN, ConfigError, setting
 
 __all__ = ["ConfigError", "ExportConfig", "TrainConfig", "TrainerConfig", "register_configs"]
 
@@ -24,6 +24,7 @@ KNOBS = ("channels_last", "compile", "num_workers", "attention")  # trainer.auto
 # settings that change the model's function: tuned only when trainer.autotune_knobs lists them.
 # attention_kernel: an attention option with the `approximates` trait (sliding_window) or the one it approximates (full)
 NUMERICS_KNOBS = ("attention_kernel",)
+TTA_CHOICES = ("none", "flip")  # trainer.tta; train/tta.py holds each one's views
 
 
 @dataclass
@@ -35,6 +36,9 @@ class TrainerConfig:
     limit_val_batches: int | None = setting(None, bound=POSITIVE)
     log_every_n_steps: int = setting(50, bound=POSITIVE)
     checkpoint_every_n_steps: int | None = setting(None, bound=POSITIVE)
+    # last.pt at the first step after this many minutes since the last save (a kill -9, a lost node
+    # or an OOM then loses at most that much); ranks agree on the step
+    checkpoint_every_minutes: float | None = setting(None, bound=POSITIVE)
     grad_accum_steps: int = setting(1, bound=POSITIVE)
     accum_bn: str = setting("none", choices=("none", "freeze"))
     accum_bn_warmup_steps: int = setting(100, bound=NON_NEGATIVE)
@@ -54,6 +58,12 @@ class TrainerConfig:
     # default: the settings that leave the numerics alone; attention_kernel (may swap sliding_window for full) only when listed
     autotune_knobs: list[str] = setting(factory=lambda: list(KNOBS))
     autotune_steps: int = setting(8, bound=POSITIVE)  # timed steps per setting (after 2 warm-up steps)
+    label_smoothing: float = setting(0.0, bound=UNIT_HALF_OPEN)  # training loss only; validation reports plain cross-entropy
+    tta: str = setting("none", choices=TTA_CHOICES)  # validation: flip averages the softmax of the batch and its mirror image
+    # weight averaging: validation, best.pt and export use the averaged weights; null = off
+    ema_decay: float | None = setting(None, bound=UNIT_OPEN)
+    ema_every_n_steps: int = setting(1, bound=POSITIVE)  # optimizer steps between two updates of the average
+    ema_warmup_steps: int = setting(0, bound=NON_NEGATIVE)  # the average copies the weights until then
 
 
 @dataclass

@@ -8,6 +8,8 @@ Layout (format 1):
   arch    what export/resume need to rebuild the model: {model, num_classes, in_channels,
           image_size, mean, std, class_names}
   metrics last validation metrics
+  ema     None, or the averaged weights (trainer.ema_decay): {weights: state_dict, updates}; what
+          export and compression.from_run take, and what the metrics describe
 """
 
 from __future__ import annotations
@@ -91,7 +93,17 @@ def load_model_state(model: torch.nn.Module, state_dict: dict, path: str | Path)
 
 
 def payload(
-    *, state_dict, optimizer, scheduler, scaler, state: dict, config_yaml: str, arch: dict, metrics: dict, rng: list[dict]
+    *,
+    state_dict,
+    optimizer,
+    scheduler,
+    scaler,
+    state: dict,
+    config_yaml: str,
+    arch: dict,
+    metrics: dict,
+    rng: list[dict],
+    ema: dict | None = None,
 ) -> dict:
     """The checkpoint dict (format 1) for the current training state. `rng`: every rank's RNG
     state in rank order (one entry without DDP)."""
@@ -108,6 +120,7 @@ def payload(
         "config": config_yaml,
         "arch": arch,
         "metrics": metrics,
+        "ema": ema,
     }
 
 
@@ -120,6 +133,7 @@ def rank_rng(ckpt: dict, rank: int) -> dict:
 def nonfinite(ckpt: dict) -> list[str]:
     """Names of the model and optimizer tensors holding NaN or inf: such a checkpoint is never written."""
     tensors = [(f"model.{k}", v) for k, v in ckpt["model"].items()]
+    tensors += [(f"ema.weights.{k}", v) for k, v in (ckpt.get("ema") or {"weights": {}})["weights"].items()]
     for pid, slots in ckpt["optimizer"]["state"].items():
         tensors += [(f"optimizer.state.{pid}.{k}", v) for k, v in slots.items() if isinstance(v, torch.Tensor)]
     return [name for name, t in tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from torch.utils.data import Dataset
 
 from turbotrain.core.registry import Registry
-from turbotrain.core.schema import POSITIVE, ConfigError, setting
+from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, ConfigError, setting
 from turbotrain.models.catalog import MODELS
 
 DATA = Registry("data")
@@ -25,6 +25,10 @@ class DataCommon:
     eval_batch_size: int | None = setting(None, bound=POSITIVE)  # None: twice batch_size
     on_bad_sample: str = setting("skip", choices=("skip", "error"))  # skip: count + warn, naming files
     bucket_by_length: bool = False  # text: batches of similar-length texts (less padding); order still seeded
+    # images: whole training batches mixed on the device after augmentation (soft targets); 0 = off,
+    # both > 0: each batch takes one of the two at random
+    mixup_alpha: float = setting(0.0, bound=NON_NEGATIVE)
+    cutmix_alpha: float = setting(0.0, bound=NON_NEGATIVE)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from turbotrain.core.atomic import atomic_write_dir, atomic_write_text
 from turbotrain.core.timing import interleaved_latency_ms
 from turbotrain.deploy.quantize import BACKEND
 from turbotrain.deploy.script import KeywordInputs
-from turbotrain.train.loop import evaluate
+from turbotrain.train.evaluation import evaluate
 from turbotrain.train.precision import FP32_CPU as FP32
 
 CPU = torch.device("cpu")

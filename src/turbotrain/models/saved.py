@@ -37,14 +37,18 @@ def architecture(cfg, data, model: nn.Module) -> dict:
     return arch
 
 
-def load_weights(model: nn.Module, ckpt: dict, path: str | Path) -> None:
-    """Load a checkpoint's weights, first giving the model that run's compressed structure."""
-    restore_structure(model, ckpt["arch"], ckpt["model"])
-    load_model_state(model, ckpt["model"], path)
+def load_weights(model: nn.Module, ckpt: dict, path: str | Path, averaged: bool = False) -> None:
+    """Load a checkpoint's weights, first giving the model that run's compressed structure.
+    `averaged`: the weight average (trainer.ema_decay) where the run kept one, the weights its
+    metrics describe; else the trained weights (what a resume continues)."""
+    weights = ckpt["ema"]["weights"] if averaged and ckpt.get("ema") else ckpt["model"]
+    restore_structure(model, ckpt["arch"], weights)
+    load_model_state(model, weights, path)
 
 
 def from_checkpoint(ckpt: dict, path: str | Path) -> nn.Module:
-    """The trained architecture, rebuilt from the checkpoint alone, in eval mode."""
+    """The trained architecture, rebuilt from the checkpoint alone, in eval mode, with the weights
+    its metrics describe (the weight average where the run kept one)."""
     if "arch" not in ckpt:
         raise CheckpointError(f"checkpoint {path} has no arch entry: it was not written by a turbotrain run")
     arch = ckpt["arch"]
@@ -53,5 +57,5 @@ def from_checkpoint(ckpt: dict, path: str | Path) -> nn.Module:
     model = MODELS.check_fits(model_cfg, arch["kind"]).build(model_cfg, shape)
     if arch["kind"] == "text":
         apply_attention(model, OmegaConf.create({**arch["attention"], "checkpointing": False}))
-    load_weights(model, ckpt, path)
+    load_weights(model, ckpt, path, averaged=True)
     return model.eval()

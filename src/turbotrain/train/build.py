@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,16 +13,20 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel
 
+from turbotrain.compression import COMPRESSION
 from turbotrain.core.modules import count_flops
 from turbotrain.core.schema import ConfigError
 from turbotrain.data import DataBundle, build_data
 from turbotrain.data.loader import EpochSampler, build_loader
+from turbotrain.data.mixing import build_mix
 from turbotrain.data.resolution import Resolution, warn_if_maps_collapse
 from turbotrain.models import build_for, build_tokenizer_for
 from turbotrain.models.attention.options import ATTENTION
 from turbotrain.train import distributed as dist
 from turbotrain.train.autotune import apply_choice, autotune, choice_from_checkpoint
+from turbotrain.train.ema import build_ema, load_ema
 from turbotrain.train.optim import build_optimizer
 from turbotrain.train.precision import Precision, build_precision
 from turbotrain.train.preemption import StopFlag
@@ -54,8 +59,11 @@ class Parts:
     params: int
     flops: int | None
     compression: dict | None  # what apply_compression changed and measured
-    resize: Resolution | None  # per-batch training resolution (images)
+    # (inputs, target, step) -> (inputs, target): the training batch on its device, at the step's
+    # resolution (data.resolution) and mixed (mixup/cutmix: soft targets); None when neither is on
+    on_device: Callable | None
     autotune: dict | None  # trainer.autotune's table and choice
+    ema: AveragedModel | None  # trainer.ema_decay: the weight average
 
 
 def build(
@@ -84,7 +92,12 @@ def build(
         optimizer, cfg.sched, cfg.optim, total_steps=loaders.total_steps, steps_per_epoch=loaders.steps_per_epoch
     )
     precision = build_precision(cfg.precision, device)
-    return Parts(data, model, train_model, precision, loaders, optimizer, scheduler, params, flops, compression, resize, tuned)
+    ema = build_ema(model, cfg.trainer)
+    if ema is not None and resume_ckpt is not None and resume_ckpt.get("ema"):  # else it starts from these weights
+        load_ema(ema, resume_ckpt["ema"])
+    on_device = _on_device(resize, build_mix(cfg.data, data.kind, data.num_classes))
+    parts = (data, model, train_model, precision, loaders, optimizer, scheduler, params, flops, compression, on_device, tuned)
+    return Parts(*parts, ema)
 
 
 def _data_and_model(cfg) -> tuple[DataBundle, nn.Module]:
@@ -95,7 +108,26 @@ def _data_and_model(cfg) -> tuple[DataBundle, nn.Module]:
         raise ConfigError(f"data={cfg.data.name}: the validation split is empty: give it samples (val/ images, val_fraction)")
     if cfg.data.bucket_by_length and data.kind != "text":
         raise ConfigError("data.bucket_by_length=true applies to text data (images all have one size)")
+    if cfg.trainer.tta != "none" and data.kind != "image":
+        raise ConfigError(f"trainer.tta={cfg.trainer.tta} augments images; data={cfg.data.name} is text: set trainer.tta=none")
+    if cfg.trainer.ema_decay is not None and COMPRESSION.of(cfg.compression).traits.get("reapply_on_resume"):
+        raise ConfigError(
+            f"trainer.ema_decay with compression={cfg.compression.name}: the average cannot follow its masks; "
+            "fine-tune without it (trainer.ema_decay=null)"
+        )
     return data, build_for(cfg.model, data, tokenizer, max_length)
+
+
+def _on_device(resize: Resolution | None, mix: Callable | None) -> Callable | None:
+    if resize is None and mix is None:
+        return None
+
+    def transform(inputs, target, step: int):
+        if resize is not None:
+            inputs = resize(inputs, step)
+        return mix(inputs, target) if mix is not None else (inputs, target)
+
+    return transform
 
 
 def _flop_example(data: DataBundle):

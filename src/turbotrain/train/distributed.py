@@ -9,23 +9,21 @@ Two ways in, one code path:
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import datetime
 import logging
 import os
-import re
-import shutil
 import signal
 import sys
-import tempfile
+import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from turbotrain.core.atomic import atomic_write_text
 from turbotrain.core.errors import UserError
 from turbotrain.core.registry import Registry
 from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, ConfigError, setting
@@ -33,7 +31,6 @@ from turbotrain.train.preemption import Preempted, resume_hint
 from turbotrain.train.resume import restarts
 
 log = logging.getLogger("turbotrain")
-RUN_DIR_NOTES = Path("outputs/.torchrun")
 SELF_LAUNCHED = "TURBOTRAIN_DDP_LAUNCHED"
 
 
@@ -190,6 +187,7 @@ def launch(dist_cfg, run_dir: Path, overrides: list[str]) -> None:
         max_restarts=dist_cfg.max_restarts,
         monitor_interval=0.5,
         rdzv_configs={"timeout": dist_cfg.timeout_s},
+        signals_to_handle="SIGINT,SIGHUP,SIGQUIT",  # torch's list without SIGTERM: _sigterm_once has it
     )
     args = [
         os.path.abspath(sys.argv[0]),
@@ -202,7 +200,8 @@ def launch(dist_cfg, run_dir: Path, overrides: list[str]) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dist_cfg.nproc)))
     log.info("launching %d DDP workers (elastic launcher, c10d rendezvous) into %s", dist_cfg.nproc, run_dir)
     try:
-        elastic_launch(config, sys.executable)(*args)
+        with _sigterm_once(SignalException):
+            elastic_launch(config, sys.executable)(*args)
     except SignalException as e:  # the agent has passed the signal on; the workers saved last.pt
         raise Preempted(e.sigval, f"stopped by {e.sigval.name}; {resume_hint(run_dir)}") from e
     except ChildFailedError as e:
@@ -216,59 +215,39 @@ def launch(dist_cfg, run_dir: Path, overrides: list[str]) -> None:
         raise LaunchError(f"DDP worker rank {rank} failed ({reason}); see {run_dir}/train.log") from e
 
 
-def _rank0_dir_file() -> Path:
-    """Where rank 0 of a torchrun job notes its run dir, so that rank 0 restarted by the elastic
-    agent (--max-restarts) continues in it. Keyed by the rendezvous id and the agent's pid: the id
-    alone is "none" for every torchrun without --standalone or --rdzv-id."""
-    return RUN_DIR_NOTES / f"{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}-{os.getppid()}"
-
-
-def torchrun_argv(argv: list[str]) -> list[str]:
-    """Under torchrun every rank runs Hydra and would resolve `${now:}` into its own run dir. Rank 0
-    keeps Hydra's choice (or, restarted by the agent, the dir it noted); the other ranks run Hydra
-    in a throw-away dir and learn rank 0's dir through the process group (`agree_run_dir`), so no
-    file on a shared disk can go stale. `--local-rank` (torch.distributed.launch) is dropped: Hydra
-    would read it as an override."""
-    argv = [a for a in argv if not re.match(r"--local[-_]rank", a)]
-    if not in_worker_env() or os.environ.get(SELF_LAUNCHED) or any(a.startswith("hydra.run.dir=") for a in argv):
-        return argv
-    if int(os.environ["RANK"]) == 0:
-        note = _rank0_dir_file()
-        if restarts() and note.is_file():
-            return [*argv, f"hydra.run.dir={note.read_text().strip()}", "hydra.output_subdir=null"]
-        return argv
-    scratch = tempfile.mkdtemp(prefix=f"turbotrain-rank{os.environ['RANK']}-")
-    atexit.register(shutil.rmtree, scratch, True)
-    return [*argv, f"hydra.run.dir={scratch}", "hydra.output_subdir=null"]
-
-
-def note_run_dir(run_dir: Path) -> None:
-    """Rank 0 under torchrun: remember the run dir for restarts of this job (removed at exit)."""
-    if not in_worker_env() or os.environ.get(SELF_LAUNCHED) or int(os.environ["RANK"]) != 0:
+@contextlib.contextmanager
+def _sigterm_once(signal_exception: type) -> Iterator[None]:
+    """The elastic agent raises on every SIGTERM, also on the second of a burst that arrives while
+    it waits for its workers to save and exit, and then abandons them. Here the first SIGTERM
+    raises as the agent's own handler would (the agent forwards it and waits), the rest are
+    ignored; the agent keeps its handlers for the other signals (LaunchConfig.signals_to_handle)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    note = _rank0_dir_file()
-    atomic_write_text(note, str(Path(run_dir).resolve()))
-    atexit.register(note.unlink, True)
+    stopping = []
+
+    def handler(signum, frame):
+        if not stopping:
+            stopping.append(signum)
+            raise signal_exception(f"Process {os.getpid()} got signal: {signal.Signals(signum)}", sigval=signal.Signals(signum))
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:  # once stopping, the rest of a burst must not cut short the exit (code 143)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if stopping else previous)
 
 
-def agree_run_dir(run_dir: Path, info: DistInfo) -> Path:
-    """Rank 0's run dir, on every rank."""
-    if not info.enabled:
-        return run_dir
-    box = [str(Path(run_dir).resolve())]
-    dist.broadcast_object_list(box, src=0)
-    return Path(box[0])
-
-
-def agree_max(value: int) -> int:
-    """The largest `value` over all ranks (one tiny all-reduce; the value itself without DDP)."""
+def agree_max(values: list[int]) -> list[int]:
+    """Each of `values`, the largest over all ranks (one tiny all-reduce; the values themselves
+    without DDP)."""
     if not (dist.is_available() and dist.is_initialized()):
-        return value
-    t = torch.tensor([value], dtype=torch.int64)
+        return values
+    t = torch.tensor(values, dtype=torch.int64)
     if dist.get_backend() == "nccl":
         t = t.cuda()
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return t.tolist()
 
 
 def gather_objects(obj) -> list:

@@ -12,11 +12,10 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.nn import functional as F
 
-from turbotrain.core.modules import eval_mode, forward
-from turbotrain.train.meter import Meter, timed_batches, topk_correct
+from turbotrain.core.modules import forward
+from turbotrain.train.meter import Meter, timed_batches
 from turbotrain.train.optim import build_optimizer
 from turbotrain.train.precision import Precision
-from turbotrain.train.preemption import StopFlag
 from turbotrain.train.tracking import Tracker, gpu_util, peak_mem_mb
 
 
@@ -85,42 +84,6 @@ def freeze_bn(model: nn.Module) -> None:
             m.eval()
 
 
-@torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    loader,
-    *,
-    device: torch.device,
-    precision: Precision,
-    max_batches: int | None = None,
-    channels_last: bool = False,
-    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    stop: StopFlag | None = None,
-) -> dict:
-    """Loss/top-1/top-5 over the loader. `reduce` (e.g. an all_reduce) sums the totals
-    across processes before they become means."""
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, correct1, correct5, n
-    with eval_mode(model):
-        for i, batch in enumerate(loader):
-            if (max_batches is not None and i >= max_batches) or (stop is not None and stop.signum is not None):
-                break  # a stop request: the caller discards these partial figures
-            inputs, target = to_device(batch, device, channels_last)
-            with precision.autocast():
-                logits = forward(model, inputs)
-            c1, c5 = topk_correct(logits, target)
-            loss = F.cross_entropy(logits.float(), target, reduction="sum")
-            sums += torch.stack([loss.double(), c1.double(), c5.double(), sums.new_tensor(len(target))])
-    if reduce is not None:
-        sums = reduce(sums)
-    n = max(sums[3].item(), 1.0)
-    return {
-        "loss": sums[0].item() / n,
-        "acc1": sums[1].item() / n,
-        "acc5": sums[2].item() / n,
-        "samples": int(sums[3].item()),
-    }
-
-
 def _optimizer_step(model, optimizer, scheduler, precision: Precision, grad_clip: float | None, bad) -> torch.Tensor:
     """Unscale, clip, step, update the scaler, with no host read. Returns 1.0 on the device when
     the step was skipped: `bad` (the group's losses were not finite, agreed across DDP ranks), else
@@ -187,7 +150,7 @@ class Step:
         with sync:
             with self.precision.autocast():
                 logits = forward(self.model, inputs)
-                loss = F.cross_entropy(logits.float(), target)
+                loss = F.cross_entropy(logits.float(), target, label_smoothing=self.cfg.label_smoothing)
             if self.cfg.on_nan == "stop" and not torch.isfinite(loss):
                 raise Diverged(state.global_step, f"loss is {loss.item()}")
             if self.check_loss:
@@ -226,11 +189,11 @@ def train_one_epoch(
     batches_in_epoch: int,
     on_step: Callable[[TrainState], None] | None = None,
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    resize: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+    on_device: Callable[[torch.Tensor, torch.Tensor, int], tuple] | None = None,
 ) -> dict:
-    """One pass over `loader`, which starts at micro-batch `state.batch_in_epoch` of an
-    epoch of `batches_in_epoch` micro-batches. Accumulation groups are fixed by position
-    in the epoch, so each group's loss is divided by its own length (the last may be short)."""
+    """One pass over `loader` from micro-batch `state.batch_in_epoch` of `batches_in_epoch`. Accumulation
+    groups are fixed by position in the epoch, so each group's loss is divided by its own length (the
+    last may be short). `on_device` transforms a batch on its device (resolution, mixing)."""
     tc, accum = trainer_cfg, trainer_cfg.grad_accum_steps
     step = Step(model, optimizer, scheduler, precision, tc, reduce, torch.zeros((), device=device))
     meter = Meter(device)
@@ -248,8 +211,8 @@ def train_one_epoch(
         if tc.accum_bn == "freeze" and state.global_step >= tc.accum_bn_warmup_steps:
             freeze_bn(model)
         inputs, target = to_device(batch, device, tc.channels_last)
-        if resize is not None:
-            inputs = resize(inputs, state.global_step)
+        if on_device is not None:
+            inputs, target = on_device(inputs, target, state.global_step)
         state.bad_samples += int(batch[2]) if len(batch) > 2 else 0
         loss, logits = step.backward(inputs, target, group_len, last_in_group, state)
         meter.add(loss, logits, target)

@@ -32,7 +32,8 @@ class Meter:
 
     def add(self, loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor) -> None:
         n = len(target)
-        correct1 = topk_correct(logits.detach(), target)[0].float()
+        hard = target.argmax(-1) if target.ndim > 1 else target  # mixed batches: the larger share's class
+        correct1 = topk_correct(logits.detach(), hard)[0].float()
         self.interval += torch.stack([loss.detach() * n, correct1, loss.new_tensor(n)])
         self.samples += n
         self.interval_samples += n

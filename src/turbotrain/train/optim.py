@@ -19,6 +19,11 @@ class OptimConfig:
     name: str = "sgd"
     lr: float = setting(0.1, bound=POSITIVE)
     weight_decay: float = setting(0.0, bound=NON_NEGATIVE)
+    # the weights of normalization layers, and every bias (a norm layer's bias is a bias);
+    # None: weight_decay. 0 by default: decaying them shrinks what the weight decay of the
+    # next layer already regularizes, and torchvision's recipes turn it off too
+    norm_weight_decay: float | None = setting(0.0, bound=NON_NEGATIVE)
+    bias_weight_decay: float | None = setting(0.0, bound=NON_NEGATIVE)
 
 
 @dataclass
@@ -54,20 +59,29 @@ class AdagradConfig(OptimConfig):
     eps: float = setting(1e-10, bound=POSITIVE)
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on weights only: norm scales/shifts and biases (ndim <= 1) are exempt."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim <= 1 else decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm, nn.RMSNorm)
+
+
+def param_groups(model: nn.Module, optim_cfg) -> list[dict]:
+    """One group per weight-decay value, in the order the kinds first appear: biases get
+    `bias_weight_decay`, the other parameters of normalization layers `norm_weight_decay`, the
+    rest `weight_decay`. Built from the module tree as it is (after pruning), so a rebuilt
+    optimizer, at a resume, has the same groups."""
+    wd = optim_cfg.weight_decay
+    norm_wd, bias_wd = (wd if v is None else v for v in (optim_cfg.norm_weight_decay, optim_cfg.bias_weight_decay))
+    groups: dict[float, list[nn.Parameter]] = {}
+    seen: set[int] = set()  # a tied parameter (shared embeddings) is listed once
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                decay = bias_wd if name == "bias" else norm_wd if isinstance(module, NORMS) else wd
+                groups.setdefault(decay, []).append(p)
+    return [{"params": params, "weight_decay": decay} for decay, params in groups.items()]
 
 
 def build_optimizer(model: nn.Module, optim_cfg) -> torch.optim.Optimizer:
-    return OPTIMIZERS.of(optim_cfg).build(param_groups(model, optim_cfg.weight_decay), optim_cfg)
+    return OPTIMIZERS.of(optim_cfg).build(param_groups(model, optim_cfg), optim_cfg)
 
 
 @OPTIMIZERS.register("sgd", SGDConfig)

@@ -39,7 +39,9 @@ def resume_hint(run_dir: Path | str) -> str:
 @contextlib.contextmanager
 def watch_signals() -> Iterator[StopFlag]:
     """Within the block, SIGTERM/SIGINT only set `flag.signum`; the loops check it once per batch.
-    A second signal gets the default behaviour (immediate exit)."""
+    Further SIGTERMs are ignored: a cluster sends them in bursts (SLURM signals every process of a
+    job step, and torch's elastic agent forwards one more), and none may cut the checkpoint write
+    short. A second SIGINT (Ctrl-C again at a terminal) stops at once with KeyboardInterrupt."""
     flag = StopFlag()
     if threading.current_thread() is not threading.main_thread():
         yield flag  # signal handlers can only be set from the main thread
@@ -47,14 +49,17 @@ def watch_signals() -> Iterator[StopFlag]:
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def handler(signum, frame):
-        flag.signum = signum
-        for s, h in previous.items():
-            signal.signal(s, h)
+        if flag.signum is None:
+            flag.signum = signum
+        elif signum == signal.SIGINT:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            raise KeyboardInterrupt
 
     for s in previous:
         signal.signal(s, handler)
     try:
         yield flag
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        for s, h in previous.items():  # once stopping, the rest of a burst must not cut the exit short
+            signal.signal(s, signal.SIG_IGN if flag.signum is not None and s == signal.SIGTERM else h)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from turbotrain.config import TrainerConfig, registries
 from turbotrain.core.schema import ConfigError
 
 log = logging.getLogger("turbotrain")
@@ -29,6 +30,10 @@ NUMERIC = (
     "trainer.limit_train_batches",
     "trainer.accum_bn",
     "trainer.accum_bn_warmup_steps",
+    "trainer.label_smoothing",
+    "trainer.ema_decay",
+    "trainer.ema_every_n_steps",
+    "trainer.ema_warmup_steps",
 )
 # Inside those sections: where the data lives and kernel choices that leave the numbers alone.
 IGNORED = (
@@ -83,10 +88,31 @@ def _flat(node, prefix: str = "") -> dict:
     return {prefix: node}
 
 
+_ABSENT = object()
+
+
+def _schema_default(key: str, cfg):
+    """The default of `key` in the schema this config uses (TrainerConfig, or the selected
+    option's); _ABSENT for a key no schema has."""
+    group, _, rest = key.partition(".")
+    if group == "trainer":
+        schema = TrainerConfig
+    elif group in registries() and group in cfg:
+        schema = registries()[group].of(cfg[group]).schema
+    else:
+        return _ABSENT
+    return OmegaConf.select(OmegaConf.structured(schema), rest, default=_ABSENT)
+
+
 def changed_keys(saved_yaml: str, cfg) -> list[tuple[str, object, object]]:
-    """(key, saved value, new value) for the keys under NUMERIC that differ."""
+    """(key, saved value, new value) for the keys under NUMERIC that differ. A key the saved
+    config lacks (added to turbotrain after that run) counts as its default: the run trained
+    with the behaviour that default keeps."""
     old = _flat(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=False))
     new = _flat(OmegaConf.to_container(cfg, resolve=True))
+    for key in set(new) - set(old):
+        if (default := _schema_default(key, cfg)) is not _ABSENT:
+            old[key] = default
 
     def relevant(key: str) -> bool:
         inside = any(key == n or key.startswith(n + ".") for n in NUMERIC)

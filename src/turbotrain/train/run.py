@@ -21,9 +21,14 @@ from turbotrain.models import architecture
 from turbotrain.train import distributed as dist
 from turbotrain.train import resume
 from turbotrain.train.build import Parts, build
-from turbotrain.train.loop import Diverged, TrainState, evaluate, train_one_epoch
+from turbotrain.train.curves import write_curves
+from turbotrain.train.ema import ema_state, update_ema
+from turbotrain.train.evaluation import evaluate
+from turbotrain.train.loop import Diverged, TrainState, train_one_epoch
 from turbotrain.train.preemption import Preempted, StopFlag, resume_hint, watch_signals
 from turbotrain.train.profiling import profiler
+from turbotrain.train.run_dir import agree_run_dir, forget_run_dir
+from turbotrain.train.summary import summary_of
 from turbotrain.train.tracking import Tracker, peak_mem_mb, process_age_s, trim_metrics
 
 log = logging.getLogger("turbotrain")
@@ -60,7 +65,7 @@ def train_here(cfg, run_dir: Path) -> float:
     with watch_signals() as stop:
         info, device = dist.setup(cfg.distributed, cfg.trainer.device)
         try:
-            run_dir = dist.agree_run_dir(run_dir, info)
+            run_dir = agree_run_dir(run_dir, info)
             if device.type == "cuda":
                 torch.backends.cudnn.benchmark = True  # fixed shapes per run: let cuDNN pick its fastest kernels
             with profiler(cfg.profiler, run_dir, device, info.is_main) as profile_step:
@@ -115,6 +120,8 @@ class Run:
         self.first_step_s: float | None = None  # process age at the first optimizer step (start-up cost)
         self.session = torch.zeros(3, dtype=torch.float64)  # samples (all ranks), seconds, data-wait seconds
         self.balance: list[list[float]] = []
+        # (step, batch in epoch) of the last save, and when: the clock of trainer.checkpoint_every_minutes
+        self.saved_at, self.saved_time = (self.state.global_step, self.state.batch_in_epoch), time.monotonic()
 
     # -- checkpoints and stopping -------------------------------------------------------------
 
@@ -132,6 +139,7 @@ class Run:
             arch=self.arch,
             metrics=self.metrics,
             rng=dist.gather_objects(ckpt_io.rng_state()),
+            ema=ema_state(p.ema) if p.ema is not None else None,
         )
         bad = ckpt_io.nonfinite(ckpt)
         if bad:
@@ -140,18 +148,22 @@ class Run:
                 f"{len(bad)} tensor(s) are not finite after step {s.global_step} (first: {bad[0]}); a finite loss "
                 "had non-finite gradients? trainer.nan_check=grads skips such steps",
             )
+        self.saved_at, self.saved_time = (s.global_step, s.batch_in_epoch), time.monotonic()
         if not self.info.is_main:
             return
         ckpt_io.write(ckpt, self.ckpt_dir, best=best)
 
-    def stop_if_asked(self) -> None:
+    def stop_if_asked(self, clock: bool = False) -> bool:
         """Ranks agree on a stop (a signal may reach one rank a step before another): all save at
-        the same step and exit 128 + signal."""
+        the same step and exit 128 + signal. With `clock`, the same agreement says whether
+        trainer.checkpoint_every_minutes has passed on any rank since the last save (returned)."""
+        minutes = self.cfg.trainer.checkpoint_every_minutes
+        due = int(clock and minutes is not None and time.monotonic() - self.saved_time >= 60 * minutes)
         signum = self.stop.signum or 0
         if self.info.enabled:
-            signum = dist.agree_max(signum)
+            signum, due = dist.agree_max([signum, due])
         if not signum:
-            return
+            return bool(due)
         self.save()
         raise Preempted(
             signum,
@@ -164,9 +176,11 @@ class Run:
             self.first_step_s = process_age_s()
         if self.profile_step is not None:
             self.profile_step()
-        self.stop_if_asked()
+        if self.p.ema is not None:
+            update_ema(self.p.ema, self.p.model, s.global_step, self.cfg.trainer)
+        clock_due = self.stop_if_asked(clock=True)
         every = self.cfg.trainer.checkpoint_every_n_steps
-        if every and s.global_step % every == 0:
+        if clock_due or (every and s.global_step % every == 0):
             self.save()
 
     # -- the loop ------------------------------------------------------------------------------
@@ -176,6 +190,8 @@ class Run:
         self._log_start()
         while state.epoch < tc.max_epochs and not (tc.max_steps and state.global_step >= tc.max_steps):
             stats = self._train_epoch()
+            if self.saved_at != (state.global_step, state.batch_in_epoch):
+                self.save()  # the epoch's training, before validation can fail or be killed
             val = self._validate(stats)
             if state.batch_in_epoch >= p.loaders.batches_in_epoch:
                 state.epoch += 1
@@ -184,8 +200,11 @@ class Run:
             state.best_val_acc1 = max(state.best_val_acc1, val["acc1"])
             self.save(best=improved)
         prune.make_permanent(p.model)
-        self.tracker.summary(self._summary())
+        self.tracker.summary(summary_of(self))
         self.tracker.close()
+        forget_run_dir()  # rank 0 under torchrun: no restart will continue a finished run
+        if self.info.is_main:
+            write_curves(self.run_dir)
         return state.best_val_acc1
 
     def _train_epoch(self) -> dict:
@@ -206,7 +225,7 @@ class Run:
             batches_in_epoch=p.loaders.batches_in_epoch,
             on_step=self.on_step,
             reduce=dist.all_reduce_sum if info.enabled else None,
-            resize=p.resize,
+            on_device=p.on_device,
         )
         self.session += torch.tensor([stats["samples"] * info.world_size, stats["time_s"], stats["wait_s"]])
         self.balance = dist.gather_floats([peak_mem_mb(self.device), stats["time_s"]], self.device)
@@ -217,16 +236,12 @@ class Run:
 
     def _validate(self, stats: dict) -> dict:
         tc, p, state, info = self.cfg.trainer, self.p, self.state, self.info
-        val = evaluate(
-            p.train_model,
-            p.loaders.val,
-            device=self.device,
-            precision=p.precision,
-            max_batches=tc.limit_val_batches,
-            channels_last=tc.channels_last,
-            reduce=dist.all_reduce_sum if info.enabled else None,
-            stop=self.stop,
-        )
+        reduce = dist.all_reduce_sum if info.enabled else None
+        common = {"device": self.device, "precision": p.precision, "max_batches": tc.limit_val_batches, "stop": self.stop}
+        common.update(channels_last=tc.channels_last, reduce=reduce, tta=tc.tta)
+        val = evaluate(p.ema.module if p.ema is not None else p.train_model, p.loaders.val, **common)
+        if p.ema is not None:  # the trained weights themselves, for comparison
+            val["acc1_no_ema"] = evaluate(p.train_model, p.loaders.val, **common)["acc1"]
         self.stop_if_asked()  # validation stops within a batch; the epoch's training is saved
         self.metrics = {f"val_{k}": v for k, v in val.items()}
         sps = stats["samples_per_s"] * info.world_size
@@ -234,7 +249,7 @@ class Run:
             step=state.global_step,
             epoch=state.epoch,
             split="val",
-            **{k: val[k] for k in ("loss", "acc1", "acc5")},
+            **{k: v for k, v in val.items() if k != "samples"},
             lr=p.optimizer.param_groups[0]["lr"],
             samples_per_s=sps,
             data_wait_frac=stats["data_wait_frac"],
@@ -260,38 +275,3 @@ class Run:
             self.info.world_size,
             p.precision.name if p.precision.dtype is None else f"{p.precision.name} ({p.precision.dtype})",
         )
-
-    def _summary(self) -> dict:
-        """summary.json: the run's final figures."""
-        cfg, p, state = self.cfg, self.p, self.state
-        samples, seconds, wait = self.session.tolist()
-        return {
-            "best_val_acc1": state.best_val_acc1,
-            **self.metrics,
-            "epochs": state.epoch,
-            "steps": state.global_step,
-            "skipped_steps": state.skipped_steps,
-            "bad_samples": state.bad_samples,
-            "train_time_s": state.train_time_s,
-            "samples_per_s": samples / seconds if seconds else None,
-            "data_wait_frac": wait / seconds if seconds else None,
-            "peak_mem_mb": peak_mem_mb(self.device),
-            "time_to_first_step_s": self.first_step_s,
-            "params": p.params,
-            "flops": p.flops,
-            "device": str(self.device),
-            "world_size": self.info.world_size,
-            "restarts": resume.restarts(),
-            "rank_peak_mem_mb": [row[0] for row in self.balance],
-            "rank_epoch_time_s": [row[1] for row in self.balance],
-            "precision": p.precision.name,
-            "autocast_dtype": None if p.precision.dtype is None else str(p.precision.dtype).removeprefix("torch."),
-            "compression": p.compression,
-            "autotune": p.autotune,
-            "num_workers": cfg.loader.num_workers,  # effective settings (after loader/trainer autotune)
-            "channels_last": cfg.trainer.channels_last,
-            "compile": cfg.trainer.compile,
-            "torch": torch.__version__,
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "best_checkpoint": str(self.ckpt_dir / "best.pt"),
-        }

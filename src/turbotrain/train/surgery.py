@@ -14,7 +14,8 @@ from turbotrain.core import checkpoint as ckpt_io
 from turbotrain.core.modules import forward
 from turbotrain.models import load_weights
 from turbotrain.models.attention.options import apply_attention
-from turbotrain.train.loop import evaluate, short_run
+from turbotrain.train.evaluation import evaluate
+from turbotrain.train.loop import short_run
 from turbotrain.train.precision import FP32_CPU
 from turbotrain.train.preemption import StopFlag
 
@@ -26,7 +27,7 @@ def initial_weights(model: nn.Module, cfg, resume_ckpt: dict | None, resume_path
         load_weights(model, resume_ckpt, resume_path)
     elif cfg.compression.from_run:
         path = Path(cfg.compression.from_run).expanduser() / "checkpoints" / "best.pt"
-        load_weights(model, ckpt_io.load(path), path)
+        load_weights(model, ckpt_io.load(path), path, averaged=True)
         log.info("compression.from_run: starting from %s", path)
     elif COMPRESSION.of(cfg.compression).traits.get("ranks_weights") and not cfg.model.pretrained:
         log.warning(

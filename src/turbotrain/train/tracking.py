@@ -1,4 +1,4 @@
-"""Run tracking: metrics.jsonl, summary.json, progress bars, optional wandb.
+"""Run tracking: metrics.jsonl, summary.json, progress bars, and the logger option (loggers.py).
 
 Only the main rank gets an active Tracker; other ranks get one with
 `enabled=False`, which writes nothing.
@@ -13,7 +13,6 @@ import os
 import resource
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,7 @@ import torch
 from tqdm import tqdm
 
 from turbotrain.core.atomic import atomic_write_text
-from turbotrain.core.registry import Registry
-from turbotrain.core.schema import setting
+from turbotrain.train.loggers import LOGGERS
 
 log = logging.getLogger("turbotrain")
 
@@ -95,51 +93,17 @@ def trim_metrics(run_dir: Path, upto_step: int) -> int:
     return dropped
 
 
-LOGGERS = Registry("logger")
-
-
-@dataclass
-class LoggerConfig:
-    """One schema for every logger option: logger=none ignores the wandb keys."""
-
-    name: str = "none"
-    project: str = "turbotrain"
-    mode: str = setting("offline", choices=("offline", "online", "disabled"))  # offline: `wandb sync` later
-    entity: str | None = None
-    tags: list[str] = setting(factory=list)
-
-
-@LOGGERS.register("none", LoggerConfig)
-def no_logger(logger_cfg, run_dir: Path, config: dict) -> None:
-    return None  # metrics.jsonl, summary.json and the console only
-
-
-@LOGGERS.register("wandb", LoggerConfig)
-def wandb_run(logger_cfg, run_dir: Path, config: dict):
-    import wandb  # imported only when asked for: it adds seconds to start-up
-
-    return wandb.init(
-        project=logger_cfg.project,
-        entity=logger_cfg.entity,
-        mode=logger_cfg.mode,
-        dir=str(run_dir),
-        config=config,
-        tags=list(logger_cfg.tags),
-        name=run_dir.name,
-    )
-
-
 class Tracker:
     def __init__(self, run_dir: Path, *, enabled: bool, logger_cfg, config: dict, progress_bar: bool = True) -> None:
         self.run_dir, self.enabled = Path(run_dir), enabled
         self.progress_bar = progress_bar and enabled
-        self._wandb = None
+        self._logger = None
         self._file = None
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (closed in close())
-        self._wandb = LOGGERS.of(logger_cfg).build(logger_cfg, self.run_dir, config)
+        self._logger = LOGGERS.of(logger_cfg).build(logger_cfg, self.run_dir, config)
 
     def log(self, **event: Any) -> None:
         if not self.enabled:
@@ -147,12 +111,8 @@ class Tracker:
         event = {k: _clean(v) for k, v in event.items()}
         event["time"] = round(time.time(), 3)
         self._file.write(json.dumps(event) + "\n")
-        if self._wandb is not None:
-            split = event.get("split", "train")
-            self._wandb.log(
-                {f"{split}/{k}": v for k, v in event.items() if isinstance(v, int | float)},
-                step=event.get("step"),
-            )
+        if self._logger is not None:
+            self._logger.log(event)
 
     def bar(self, total: int | None, desc: str) -> tqdm:
         return tqdm(
@@ -169,13 +129,13 @@ class Tracker:
             return
         summary = {k: _clean(v) for k, v in summary.items()}
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        if self._wandb is not None:
-            self._wandb.summary.update({k: v for k, v in summary.items() if isinstance(v, int | float)})
+        if self._logger is not None:
+            self._logger.summary(summary)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._wandb is not None:
-            self._wandb.finish()
-            self._wandb = None
+        if self._logger is not None:
+            self._logger.close()
+            self._logger = None

@@ -1,0 +1,79 @@
+"""One run, one dir, across the ranks of a torchrun job and its restarts: rank 0 keeps Hydra's
+run dir and notes it for a restarted group; the other ranks learn it over the process group."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch.distributed as dist
+
+from turbotrain.core.atomic import atomic_write_text
+from turbotrain.train.distributed import SELF_LAUNCHED, DistInfo, in_worker_env
+from turbotrain.train.resume import restarts
+
+RUN_DIR_NOTES = Path("outputs/.torchrun")
+
+
+def _rank0_dir_file() -> Path:
+    """Where rank 0 of a torchrun job notes its run dir, so that rank 0 restarted by the elastic
+    agent (--max-restarts) continues in it. Keyed by the rendezvous id and the agent's pid and
+    start time: the id alone is "none" for every torchrun without --standalone or --rdzv-id, and
+    a pid is reused once its process is gone."""
+    agent = os.getppid()
+    try:
+        started = Path(f"/proc/{agent}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except OSError:  # no /proc: the pid alone
+        started = "0"
+    return RUN_DIR_NOTES / f"{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}-{agent}-{started}"
+
+
+def torchrun_argv(argv: list[str]) -> list[str]:
+    """Under torchrun every rank runs Hydra and would resolve `${now:}` into its own run dir. Rank 0
+    keeps Hydra's choice (or, restarted by the agent, the dir it noted); the other ranks run Hydra
+    in a throw-away dir and learn rank 0's dir through the process group (`agree_run_dir`), so no
+    file on a shared disk can go stale. `--local-rank` (torch.distributed.launch) is dropped: Hydra
+    would read it as an override."""
+    argv = [a for a in argv if not re.match(r"--local[-_]rank", a)]
+    if not in_worker_env() or os.environ.get(SELF_LAUNCHED) or any(a.startswith("hydra.run.dir=") for a in argv):
+        return argv
+    if int(os.environ["RANK"]) == 0:
+        note = _rank0_dir_file()
+        if restarts() and note.is_file():
+            return [*argv, f"hydra.run.dir={note.read_text().strip()}", "hydra.output_subdir=null"]
+        return argv
+    scratch = tempfile.mkdtemp(prefix=f"turbotrain-rank{os.environ['RANK']}-")
+    atexit.register(shutil.rmtree, scratch, True)
+    return [*argv, f"hydra.run.dir={scratch}", "hydra.output_subdir=null"]
+
+
+def _noting() -> bool:
+    """Rank 0 of a torchrun job (not one of the workers turbotrain launches itself)."""
+    return in_worker_env() and not os.environ.get(SELF_LAUNCHED) and int(os.environ["RANK"]) == 0
+
+
+def note_run_dir(run_dir: Path) -> None:
+    """Rank 0 under torchrun: remember the run dir for restarts of this job. The note outlives
+    this process whatever ends it (an error, a stop, a peer's death: each may be followed by a
+    restart); `forget_run_dir` removes it once the run has finished."""
+    if _noting():
+        atomic_write_text(_rank0_dir_file(), str(Path(run_dir).resolve()))
+
+
+def forget_run_dir() -> None:
+    """The run has finished (summary.json written): no restart will continue it."""
+    if _noting():
+        _rank0_dir_file().unlink(missing_ok=True)
+
+
+def agree_run_dir(run_dir: Path, info: DistInfo) -> Path:
+    """Rank 0's run dir, on every rank."""
+    if not info.enabled:
+        return run_dir
+    box = [str(Path(run_dir).resolve())]
+    dist.broadcast_object_list(box, src=0)
+    return Path(box[0])

@@ -1,0 +1,25 @@
+"""Test-time augmentation (trainer.tta): validation scores each image by the mean of the softmax
+over views of it, the batch itself first."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+# the views besides the batch itself, per trainer.tta choice (config.TTA_CHOICES)
+EXTRA_VIEWS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], ...]] = {
+    "none": (),
+    "flip": (lambda x: x.flip(-1),),  # the mirror image (width is the last dimension)
+}
+
+
+def extra_views(tta: str, inputs: torch.Tensor) -> list[torch.Tensor]:
+    return [view(inputs) for view in EXTRA_VIEWS[tta]]
+
+
+def mean_log_softmax(logits: list[torch.Tensor]) -> torch.Tensor:
+    """log of the mean softmax over the views' logits (fp32): scores whose argmax, top-k and
+    negative log-likelihood are the averaged prediction's."""
+    probs = torch.stack([v.float().softmax(-1) for v in logits]).mean(0)
+    return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
