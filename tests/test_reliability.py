@@ -97,7 +97,8 @@ def test_sigterm_writes_checkpoint_and_exits_nonzero(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM
     assert "stopped by SIGTERM" in stderr and "trainer.resume=auto" in stderr and "Traceback" not in stderr
     saved = load(run / "checkpoints" / "last.pt")["state"]
-    target = saved["epoch"] + 1  # the resumed run has a whole epoch, or the rest of one, to train
+    # a whole epoch to train after the rest of the saved one (none, when the stop came in its validation)
+    target = saved["epoch"] + 2
     r = run_cli("train.py", *TINY, f"trainer.max_epochs={target}", "trainer.resume=auto", f"hydra.run.dir={run}")
     assert r.returncode == 0, r.stderr[-2000:]
     resumed = load(run / "checkpoints" / "last.pt")["state"]

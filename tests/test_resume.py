@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -187,3 +188,44 @@ def test_kill_9_mid_epoch_loses_at_most_the_clock_interval_and_resumes_exactly(t
     assert logged[-1]["time"] - at_save <= 60 * minutes + 2 * max(gaps)  # at most the interval (and its step) lost
     train(make_cfg(*common, "trainer.resume=auto"), cut)
     assert_same_run(full, cut)
+
+
+def _jpeg_run(root, run, *extra):
+    cfg = ("data=imagenet", f"data.root={root}", "data.image_size=16", "data.batch_size=16", "model=small_cnn", "model.width=4")
+    limits = ("trainer.limit_train_batches=1", "trainer.limit_val_batches=1", "trainer.progress_bar=false")
+    train(make_cfg(*cfg, *limits, *extra), run)
+
+
+def test_resume_on_swapped_class_folders_or_other_samples_is_refused(jpeg_tree, tmp_path):
+    root, run = tmp_path / "tree", tmp_path / "run"
+    shutil.copytree(jpeg_tree, root)
+    _jpeg_run(root, run, "trainer.max_epochs=1")
+    for split in ("train", "val"):  # the same class names and counts, the labels swapped
+        (root / split / "china").rename(root / split / "tmp")
+        (root / split / "flower").rename(root / split / "china")
+        (root / split / "tmp").rename(root / split / "flower")
+    resumed = ("trainer.max_epochs=2", "trainer.resume=auto")
+    with pytest.raises(ConfigError, match=r"the files of class china, flower changed \(class folders swapped or renamed\?\)"):
+        _jpeg_run(root, run, *resumed)
+    next((root / "train" / "china").iterdir()).unlink()
+    with pytest.raises(ConfigError, match=r"training samples 96 -> 95"):
+        _jpeg_run(root, run, *resumed)
+    _jpeg_run(root, run, *resumed, "trainer.resume_strict=false")  # said, and then allowed
+    assert load(run / "checkpoints" / "last.pt")["state"]["epoch"] == 2
+
+
+def test_resuming_another_runs_checkpoint_forks_it_and_never_writes_over_a_run(tmp_path, caplog):
+    train(make_cfg(*SHORT, "trainer.max_epochs=1"), tmp_path / "a")
+    parent = tmp_path / "a" / "checkpoints" / "last.pt"
+    before = {p.name: p.read_bytes() for p in (tmp_path / "a" / "checkpoints").iterdir()}
+    train(make_cfg(*SHORT, "trainer.max_epochs=1"), tmp_path / "c")
+    with pytest.raises(ConfigError, match=r"starts a fork of that run, and run dir .*c already holds a run"):
+        train(make_cfg(*SHORT, "trainer.max_epochs=2", f"trainer.resume={parent}"), tmp_path / "c")
+    with caplog.at_level("INFO", logger="turbotrain"):
+        train(make_cfg(*SHORT, "trainer.max_epochs=2", f"trainer.resume={parent}"), tmp_path / "b")
+    assert "learning rate at the resume step" in caplog.text
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["parent"] == str(parent)
+    assert load(tmp_path / "b" / "checkpoints" / "last.pt")["state"]["global_step"] == 12  # continued from a's step 6
+    assert {p.name: p.read_bytes() for p in (tmp_path / "a" / "checkpoints").iterdir()} == before  # a untouched
+    train(make_cfg(*SHORT, "trainer.max_epochs=3", "trainer.resume=auto"), tmp_path / "b")  # the fork continues itself
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["parent"] == str(parent)

@@ -8,6 +8,8 @@ Layout (format 1):
   arch    what export/resume need to rebuild the model: {model, num_classes, in_channels,
           image_size, mean, std, class_names}
   metrics last validation metrics
+  data    what a resume compares with its data: {train_samples, class_files (image folders: a
+          digest of each class's file names)}
   ema     None, or the averaged weights (trainer.ema_decay): {weights: state_dict, updates}; what
           export and compression.from_run take, and what the metrics describe
 """
@@ -104,6 +106,7 @@ def payload(
     metrics: dict,
     rng: list[dict],
     ema: dict | None = None,
+    data: dict | None = None,
 ) -> dict:
     """The checkpoint dict (format 1) for the current training state. `rng`: every rank's RNG
     state in rank order (one entry without DDP)."""
@@ -121,6 +124,7 @@ def payload(
         "arch": arch,
         "metrics": metrics,
         "ema": ema,
+        "data": data,
     }
 
 

@@ -21,7 +21,7 @@ from torchvision.transforms import v2
 from turbotrain.core.schema import POSITIVE, ConfigError, setting
 from turbotrain.data.augment import build_op, compose, to_float
 from turbotrain.data.batched import batch_pipeline
-from turbotrain.data.bundle import DATA, DataBundle
+from turbotrain.data.bundle import DATA, DataBundle, class_files
 from turbotrain.data.cache import CachedImages, open_cache
 from turbotrain.data.safe import SafeDataset, collate_skipping_bad
 from turbotrain.data.vision import DataConfig, ImageBatch, NormalizeCollate
@@ -241,5 +241,6 @@ def imagenet(cfg, tokenizer=None) -> DataBundle:
         mean=list(cfg.mean),
         std=list(cfg.std),
         class_names=list(train.classes),
+        class_files=class_files(train.samples, train.classes),
         batches_on_device=cfg.decode == "gpu",
     )

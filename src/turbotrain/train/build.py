@@ -30,6 +30,7 @@ from turbotrain.train.ema import build_ema, load_ema
 from turbotrain.train.optim import build_optimizer
 from turbotrain.train.precision import Precision, build_precision
 from turbotrain.train.preemption import StopFlag
+from turbotrain.train.resume import check_data
 from turbotrain.train.sched import build_scheduler
 from turbotrain.train.surgery import apply_surgery, initial_weights
 
@@ -78,6 +79,8 @@ def build(
     run's effective config from here on (checkpoints save it; resume reuses it). `stop`: the
     run's stop request, polled by compression's evaluations and fine-tuning and autotune's trials."""
     data, model = _data_and_model(cfg)
+    if resume_ckpt is not None:
+        check_data(resume_ckpt, data, resume_path, cfg.trainer.resume_strict)
     initial_weights(model, cfg, resume_ckpt, resume_path)
     loaders = _loaders(cfg, data, info, device)
     compression = apply_surgery(cfg, model, data.kind, loaders.train, loaders.val, resume_ckpt is not None, stop)

@@ -4,6 +4,7 @@ with its skip rules for non-finite losses and gradients."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ class TrainState:
     bad_samples: int = 0  # samples that failed to load and were skipped
     samples_seen: int = 0
     train_time_s: float = 0.0
+    parent: str | None = None  # a fork: the checkpoint of another run it started from (trainer.resume=<path>)
     # On the training device, read at log steps: skips since the last read, the current streak and
     # the longest streak since the last read (a host read per step would stall a GPU's queue).
     skips: torch.Tensor | None = field(default=None, repr=False)
@@ -51,6 +53,11 @@ class TrainState:
         self.nan_streak = streak
         self.skips = self.skips.new_tensor([0.0, streak, streak])
         return longest
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> TrainState:
+        """A checkpoint's state; fields a later turbotrain no longer has are dropped."""
+        return cls(**{k: v for k, v in saved.items() if k in {f.name for f in dataclasses.fields(cls)} - {"skips"}})
 
     def as_dict(self) -> dict:
         self.read_skips()

@@ -52,8 +52,19 @@ def restarts() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def is_fork(resume: str | None, run_dir: Path) -> bool:
+    """trainer.resume names another run's checkpoint: this run starts a fork of that run."""
+    if resume in (None, "auto"):
+        return False
+    return Path(resume).expanduser().resolve().parent != (Path(run_dir) / "checkpoints").resolve()
+
+
 def resolve(resume: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from: `auto` is this run dir's last.pt when there is one."""
+    """The checkpoint to resume from: `auto` is this run dir's last.pt when there is one. A
+    restarted worker continues its own run dir's last.pt, a fork's too, once it has one."""
+    own = run_dir / "checkpoints" / "last.pt"
+    if restarts() and own.is_file():
+        return own
     if not resume and restarts():
         resume = "auto"
     if not resume:
@@ -68,10 +79,15 @@ def resolve(resume: str | None, run_dir: Path) -> Path | None:
 
 
 def check_run_dir_free(run_dir: Path, resume: str | None) -> None:
-    """A fresh run never writes over another run's checkpoints and metrics."""
-    if resume or restarts():
+    """A fresh run, or a fork of another run, never writes over a run's checkpoints and metrics."""
+    if restarts() or (resume and not is_fork(resume, run_dir)):
         return
     taken = [p.name for p in (run_dir / "checkpoints", run_dir / "metrics.jsonl", run_dir / "summary.json") if p.exists()]
+    if taken and resume:
+        raise ConfigError(
+            f"trainer.resume={resume} is another run's checkpoint: continuing it here starts a fork of that run, "
+            f"and run dir {run_dir} already holds a run ({', '.join(taken)}): fork into a new dir (hydra.run.dir=...)"
+        )
     if taken:
         raise ConfigError(
             f"run dir {run_dir} already holds a run ({', '.join(taken)}): continue it with trainer.resume=auto, "
@@ -134,6 +150,32 @@ def check_config(ckpt: dict, cfg, world_size: int, path: Path) -> None:
     message = f"resuming {path} with a config that trains differently ({'; '.join(diffs)})"
     if cfg.trainer.resume_strict:
         raise ConfigError(message + ": restore those values, or set trainer.resume_strict=false to continue anyway")
+    log.warning("%s; continuing because trainer.resume_strict=false", message)
+
+
+def data_identity(data) -> dict:
+    """The checkpoint's `data` entry: what a resume compares besides the class names (arch)."""
+    return {"train_samples": len(data.train), "class_files": data.class_files}
+
+
+def check_data(ckpt: dict, data, path: Path, strict: bool) -> None:
+    """Refuse to continue on data that is not the run's: other or reordered classes, another
+    number of training samples (another epoch order), class folders swapped or renamed (the same
+    names, other labels). Old checkpoints without a `data` entry are checked by class names only."""
+    saved, problems = ckpt.get("data") or {}, []
+    if ckpt["arch"]["class_names"] != data.class_names:
+        problems.append(f"classes {ckpt['arch']['class_names']} -> {data.class_names}")
+    if saved.get("train_samples") not in (None, len(data.train)):
+        problems.append(f"training samples {saved['train_samples']} -> {len(data.train)}")
+    if saved.get("class_files") and data.class_files and not problems:
+        changed = [c for c in data.class_names if saved["class_files"].get(c) != data.class_files.get(c)]
+        if changed:
+            problems.append(f"the files of class {', '.join(changed)} changed (class folders swapped or renamed?)")
+    if not problems:
+        return
+    message = f"resuming {path} on other data ({'; '.join(problems)}): its labels or epoch order are not the run's"
+    if strict:
+        raise ConfigError(message + "; restore the data, or set trainer.resume_strict=false to continue anyway")
     log.warning("%s; continuing because trainer.resume_strict=false", message)
 
 

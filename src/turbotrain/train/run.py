@@ -90,7 +90,7 @@ class Run:
         self.ckpt_dir = run_dir / "checkpoints"
         tc = cfg.trainer
         if info.is_main:
-            resume.check_run_dir_free(run_dir, tc.resume)
+            resume.check_run_dir_free(run_dir, tc.resume)  # a fork (another run's checkpoint) needs a free dir
             if stale := remove_stale_temps(self.ckpt_dir):
                 log.info("removed %s: partial checkpoint writes of a killed process", ", ".join(stale))
         resume_path = resume.resolve(tc.resume, run_dir)
@@ -103,9 +103,13 @@ class Run:
         if ckpt is not None:
             ckpt_io.restore(ckpt, optimizer=self.p.optimizer, scaler=self.p.precision.scaler)
             resume.continue_schedule(self.p.scheduler, ckpt["scheduler"])
-            self.state, self.metrics = TrainState(**ckpt["state"]), ckpt["metrics"]
+            self.state, self.metrics = TrainState.from_dict(ckpt["state"]), ckpt["metrics"]
             ckpt_io.set_rng_state(ckpt_io.rank_rng(ckpt, info.rank))
             log.info("resumed from %s at epoch %d, step %d", resume_path, self.state.epoch, self.state.global_step)
+            saved_lr, lr = ckpt["optimizer"]["param_groups"][0]["lr"], self.p.optimizer.param_groups[0]["lr"]
+            log.info("learning rate at the resume step: %.6g in the checkpoint, %.6g on this session's schedule", saved_lr, lr)
+            if resume.is_fork(str(resume_path), run_dir):  # not after a restart: that continues the fork's own last.pt
+                self.state.parent = str(resume_path)
         if info.is_main and (dropped := trim_metrics(run_dir, self.state.global_step)):
             log.info("metrics.jsonl: dropped %d line(s) written after the checkpoint or cut off by a kill", dropped)
         self.tracker = Tracker(
@@ -140,6 +144,7 @@ class Run:
             metrics=self.metrics,
             rng=dist.gather_objects(ckpt_io.rng_state()),
             ema=ema_state(p.ema) if p.ema is not None else None,
+            data=resume.data_identity(p.data),
         )
         bad = ckpt_io.nonfinite(ckpt)
         if bad:

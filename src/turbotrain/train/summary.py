@@ -15,6 +15,7 @@ def summary_of(run) -> dict:
     samples, seconds, wait = run.session.tolist()
     return {
         "best_val_acc1": state.best_val_acc1,
+        "parent": state.parent,
         **run.metrics,
         "epochs": state.epoch,
         "steps": state.global_step,
