@@ -13,7 +13,8 @@ from conftest import TINY, make_cfg
 from turbotrain.config import ConfigError
 from turbotrain.config.validation import validate
 from turbotrain.core.checkpoint import load
-from turbotrain.train.autotune import candidates, choice_from_checkpoint
+from turbotrain.train.autotune import apply_choice, candidates, choice_from_checkpoint
+from turbotrain.train.resume import check_config
 from turbotrain.train.run import train
 
 # sched=none: the resumed session runs more epochs than the first planned, the LR must not care
@@ -97,21 +98,23 @@ def test_text_candidates_are_kernels_not_layouts():
     assert [s["attention_kernel"] for s in stage1] == ["sliding_window", "full"]  # the user allowed a different model
 
 
+ATTENTION_SWAP = (
+    "data=wordnet",
+    "model=bert_tiny",
+    "attention=sliding_window",
+    "attention.window=4",
+    "trainer.progress_bar=false",
+    "trainer.limit_val_batches=2",
+    "trainer.autotune=true",
+    "trainer.autotune_steps=2",
+    "trainer.autotune_knobs=[attention_kernel]",
+)
+
+
 def test_allowed_attention_kernel_swap_is_the_run_and_its_checkpoint(tmp_path):
     """trainer.autotune_knobs=[attention_kernel]: sliding window and full attention are timed; the
     run trains the one chosen, and its checkpoint says which (a resume keeps it)."""
-    cfg = make_cfg(
-        "data=wordnet",
-        "model=bert_tiny",
-        "attention=sliding_window",
-        "attention.window=4",
-        "trainer.progress_bar=false",
-        "trainer.max_steps=8",
-        "trainer.limit_val_batches=2",
-        "trainer.autotune=true",
-        "trainer.autotune_steps=2",
-        "trainer.autotune_knobs=[attention_kernel]",
-    )
+    cfg = make_cfg(*ATTENTION_SWAP, "trainer.max_steps=8")
     train(cfg, tmp_path)
     tuned = json.loads((tmp_path / "summary.json").read_text())["autotune"]
     assert [r["attention_kernel"] for r in tuned["table"]] == ["sliding_window", "full"]
@@ -119,6 +122,12 @@ def test_allowed_attention_kernel_swap_is_the_run_and_its_checkpoint(tmp_path):
     ckpt = load(tmp_path / "checkpoints" / "last.pt")
     assert OmegaConf.create(ckpt["config"]).attention.name == chosen
     assert choice_from_checkpoint(ckpt)["attention_kernel"] == chosen
+    # the command as typed, extended, resumes whichever kernel the first session chose (both checked)
+    for kernel in ("full", "sliding_window"):
+        first = make_cfg(*ATTENTION_SWAP, "trainer.max_steps=8")
+        apply_choice(first, {**choice_from_checkpoint(ckpt), "attention_kernel": kernel})
+        saved = {**ckpt, "config": OmegaConf.to_yaml(first, resolve=True)}
+        check_config(saved, make_cfg(*ATTENTION_SWAP, "trainer.max_steps=12", "trainer.resume=auto"), 1, tmp_path)
 
 
 def test_text_run_tunes_the_attention_kernel(tmp_path):

@@ -3,6 +3,7 @@ whether the new config still describes the same training, and the LR schedule of
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import warnings
@@ -12,6 +13,7 @@ from omegaconf import OmegaConf
 
 from turbotrain.config import TrainerConfig, registries
 from turbotrain.core.schema import ConfigError
+from turbotrain.train.autotune import apply_choice, choice_from_checkpoint
 
 log = logging.getLogger("turbotrain")
 
@@ -140,7 +142,12 @@ def changed_keys(saved_yaml: str, cfg) -> list[tuple[str, object, object]]:
 
 def check_config(ckpt: dict, cfg, world_size: int, path: Path) -> None:
     """Refuse to continue with a config that trains differently from the checkpoint's, unless
-    trainer.resume_strict=false. Extending the run (max_epochs, max_steps) is always allowed."""
+    trainer.resume_strict=false. Extending the run (max_epochs, max_steps) is always allowed. With
+    trainer.autotune the saved config holds what the first session chose (an attention kernel, say):
+    the command as typed is compared with those choices applied, so re-running it resumes."""
+    if cfg.trainer.autotune:
+        cfg = copy.deepcopy(cfg)
+        apply_choice(cfg, choice_from_checkpoint(ckpt))
     diffs = [f"{k}: {a} -> {b}" for k, a, b in changed_keys(ckpt["config"], cfg)]
     saved_world = ckpt.get("world_size", 1)
     if saved_world != world_size:
