@@ -16,7 +16,7 @@ from conftest import make_cfg
 from turbotrain.data import build_data
 from turbotrain.data import cache as cache_mod
 from turbotrain.data.batched import batch_pipeline
-from turbotrain.data.crops import resize_batched, resized_crops
+from turbotrain.data.crops import padded_crops, resize_batched, resized_crops
 from turbotrain.data.folder import RGBReader
 from turbotrain.train.run import train
 
@@ -46,6 +46,18 @@ def test_batched_resized_crops_equal_torchvision_per_sample(size):
     assert torch.equal(resized_crops(images, boxes, (size, size)), reference)
     difference = (resize_batched(images, boxes, (size, size)).int() - reference.int()).abs()
     assert difference.max() <= 1 and difference.float().mean() < 0.25, (difference.max(), difference.float().mean())
+
+
+def test_one_large_photo_does_not_pad_the_batch_to_its_size():
+    """data.decode=gpu batches: the boxes are cut before padding, so the padded batch is as large as
+    the largest crop, not the largest image; the result is unchanged (the per-sample filter)."""
+    g = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (3, 60, 80), generator=g, dtype=torch.uint8) for _ in range(3)]
+    images.append(torch.randint(0, 256, (3, 1500, 2000), generator=g, dtype=torch.uint8))  # a 3-megapixel photo
+    boxes = torch.tensor([[5, 7, 40, 50], [0, 0, 60, 80], [10, 3, 33, 70], [700, 900, 48, 64]])
+    assert padded_crops(images, boxes).shape == (4, 3, 60, 80)
+    reference = torch.stack([TF.resized_crop(i, *b, [32, 32], antialias=True) for i, b in zip(images, boxes.tolist())])
+    assert (resize_batched(images, boxes, (32, 32)).int() - reference.int()).abs().max() <= 1
 
 
 @pytest.mark.parametrize("stored", ["chw", "hwc"])

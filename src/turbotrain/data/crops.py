@@ -39,11 +39,20 @@ def filter_weights(start: torch.Tensor, length: torch.Tensor, size: int, extent:
     return weights / weights.sum(-1, keepdim=True)
 
 
+def padded_crops(images: list[torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
+    """float [N, C, H, W]: each image's box cut out first, then padded to the largest crop, so one
+    large photo in a batch costs its crop, not the whole batch at its size (one 12-megapixel file
+    among 64 small ones would pad the batch to about 9 GB)."""
+    crops = [i[:, top : top + h, left : left + w] for i, (top, left, h, w) in zip(images, boxes.tolist(), strict=True)]
+    hmax, wmax = max(c.shape[-2] for c in crops), max(c.shape[-1] for c in crops)
+    return torch.stack([F.pad(c.float(), (0, wmax - c.shape[-1], 0, hmax - c.shape[-2])) for c in crops])
+
+
 def resize_batched(images: list[torch.Tensor], boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    hmax, wmax = max(i.shape[-2] for i in images), max(i.shape[-1] for i in images)
-    batch = torch.stack([F.pad(i.float(), (0, wmax - i.shape[-1], 0, hmax - i.shape[-2])) for i in images])
-    top, left, height, width = boxes.to(batch.device).unbind(1)
-    rows, cols = filter_weights(top, height, size[0], hmax), filter_weights(left, width, size[1], wmax)
+    batch = padded_crops(images, boxes)
+    _, _, height, width = boxes.to(batch.device).unbind(1)
+    zero = torch.zeros_like(height)  # each crop starts at the padded batch's origin
+    rows, cols = filter_weights(zero, height, size[0], batch.shape[-2]), filter_weights(zero, width, size[1], batch.shape[-1])
     out = rows[:, None] @ batch @ cols[:, None].transpose(-1, -2)
     return out.round_().clamp_(0, 255).to(torch.uint8)
 

@@ -48,18 +48,27 @@ class ImageFolderConfig(DataConfig):
 class GpuDecodedTrain(Dataset):
     """data.decode=gpu (no cache): a training batch's JPEG files decoded in one nvJPEG call
     (torchvision.io.decode_jpeg on CUDA), then cropped, resized and augmented as a batch on the
-    GPU. A batch that fails to decode is decoded file by file; files that fail are dropped and
-    counted (the third element of the batch), as bad samples are on the CPU path."""
+    GPU. A batch that fails to decode is decoded file by file; files that fail, and files whose
+    header declares more than data.max_image_pixels (checked before anything is decoded), are
+    dropped and counted (the third element of the batch), as bad samples are on the CPU path."""
 
-    def __init__(self, folder: tvd.ImageFolder, size: int, ops: list[v2.Transform]):
+    def __init__(self, folder: tvd.ImageFolder, size: int, ops: list[v2.Transform], reader: RGBReader):
         self.samples, self.augment = folder.samples, batch_pipeline([v2.RandomResizedCrop(size, antialias=True), *ops])
-        self.device = torch.device("cuda")
+        self.reader, self.device = reader, torch.device("cuda")
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def _decode(self, paths: list[str]) -> list[torch.Tensor | None]:
-        files = [read_file(p) for p in paths]
+        refused = {p: why for p in paths if (why := self.reader.refusal(p))}
+        for path, why in refused.items():
+            log.warning("bad sample %s: %s (skipped)", path, why)
+        decoded = iter(self._decode_files([read_file(p) for p in paths if p not in refused]))
+        return [None if p in refused else next(decoded) for p in paths]
+
+    def _decode_files(self, files: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        if not files:
+            return []
         try:
             return decode_jpeg(files, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:
@@ -182,9 +191,15 @@ class RGBReader:
     def __init__(self, max_pixels: int | None):
         self.max_pixels = max_pixels
 
-    def __call__(self, path: str) -> torch.Tensor:
+    def refusal(self, path: str) -> str | None:
+        """Why the file is refused before decoding, or None."""
         if self.max_pixels is not None and (pixels := _declared_pixels(path)) > self.max_pixels:
-            raise ValueError(f"declares {pixels} pixels, more than data.max_image_pixels={self.max_pixels}")
+            return f"declares {pixels} pixels, more than data.max_image_pixels={self.max_pixels}"
+        return None
+
+    def __call__(self, path: str) -> torch.Tensor:
+        if why := self.refusal(path):
+            raise ValueError(why)
         return tv_tensors.Image(decode_image(path, mode=ImageReadMode.RGB))
 
 
@@ -220,7 +235,7 @@ def imagenet(cfg, tokenizer=None) -> DataBundle:
         train_ds, val_ds, train_eval = _cached(cfg, {"train": train, "val": val}, reader, size)
         collate = NormalizeCollate(cfg.mean, cfg.std)
     elif cfg.decode == "gpu":  # training batches on the GPU; evaluation decodes on the CPU as before
-        gpu = GpuDecodedTrain(train, size, [build_op(a) for a in cfg.augment])
+        gpu = GpuDecodedTrain(train, size, [build_op(a) for a in cfg.augment], reader)
         train_eval = SafeDataset(folder("train", val_tf), cfg.on_bad_sample, lambda i: train.samples[i][0])
         train_ds, val_ds = gpu, SafeDataset(val, cfg.on_bad_sample, lambda i: val.samples[i][0])
         collate = GpuCollate(NormalizeCollate(cfg.mean, cfg.std), collate_skipping_bad)
