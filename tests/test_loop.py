@@ -202,6 +202,13 @@ def test_dynamic_resolution_run_evaluates_at_nominal_size(tmp_path, monkeypatch)
     assert len(sizes[True]) > 1, sizes  # while training (epoch 2) used several sizes
 
 
+def test_tf32_is_set_both_ways_so_a_sweeps_fp32_job_does_not_inherit_it():
+    build_precision(make_cfg("precision=amp").precision, CPU)  # amp allows TF32 (precision.tf32=true)
+    assert torch.backends.cuda.matmul.fp32_precision == torch.backends.cudnn.conv.fp32_precision == "tf32"
+    build_precision(make_cfg("precision=fp32").precision, CPU)
+    assert torch.backends.cuda.matmul.fp32_precision == torch.backends.cudnn.conv.fp32_precision == "ieee"
+
+
 def test_a_bad_cpu_bf16_override_is_one_line_naming_the_variable(monkeypatch):
     monkeypatch.setenv(CPU_BF16_ENV, "yes")
     with pytest.raises(ConfigError, match=r"TURBOTRAIN_CPU_BF16='yes' must be 1 \(bf16\), 0 \(fp32\) or unset"):

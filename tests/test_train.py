@@ -189,3 +189,14 @@ def test_custom_augmentation_list_runs_inside_training(tmp_path):
     assert augmented["state"]["global_step"] == plain["state"]["global_step"] == 6
     assert "RandomHorizontalFlip" in augmented["config"] and "GaussianBlur" in augmented["config"]
     assert any(not torch.equal(v, plain["model"][k]) for k, v in augmented["model"].items() if v.is_floating_point())
+
+
+def test_a_jobs_thread_count_does_not_leak_into_the_next_one(tmp_path):
+    """A sequential sweep runs its jobs in one process: trainer.threads of one job is not the
+    next job's (which asked for torch's default)."""
+    from turbotrain.train.run import PROCESS_THREADS
+
+    train(make_cfg(*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.threads=1"), tmp_path / "a")
+    train(make_cfg(*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=2"), tmp_path / "b")
+    threads = [json.loads((tmp_path / r / "summary.json").read_text())["threads"] for r in ("a", "b")]
+    assert threads == [1, PROCESS_THREADS]

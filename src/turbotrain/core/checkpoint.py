@@ -61,7 +61,7 @@ def rng_state() -> dict:
     np_state = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_available() else [],  # this rank's device
         "numpy": {
             "keys": torch.from_numpy(np_state[1].astype(np.int64)),
             "pos": int(np_state[2]),
@@ -74,8 +74,9 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state["cuda"]
+    if cuda and torch.cuda.is_available():  # this rank's device; older checkpoints held every visible one
+        torch.cuda.set_rng_state(cuda[min(torch.cuda.current_device(), len(cuda) - 1)] if len(cuda) > 1 else cuda[0])
     n = state["numpy"]
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     internal, version = state["python"]

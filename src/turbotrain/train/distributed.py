@@ -147,6 +147,11 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a DDP wrapper (compiled or not), else the model itself."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
 def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
     """Every rank's `values`, on every rank (one row per rank)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)

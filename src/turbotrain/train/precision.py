@@ -87,10 +87,12 @@ class AmpConfig(ScaledConfig):
 
 
 def build_precision(precision_cfg, device: torch.device) -> Precision:
-    if device.type == "cuda" and precision_cfg.tf32:
-        # The fp32_precision API replaces allow_tf32 in torch >= 2.9.
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
-        torch.backends.cudnn.conv.fp32_precision = "tf32"
+    # Set both ways (the fp32_precision API replaces allow_tf32 in torch >= 2.9): in a sequential
+    # sweep a precision=fp32 job must not inherit the TF32 of an amp job before it. CUDA kernels
+    # only read these, so they are set on any device.
+    mode = "tf32" if precision_cfg.tf32 else "ieee"
+    torch.backends.cuda.matmul.fp32_precision = mode
+    torch.backends.cudnn.conv.fp32_precision = mode
     dtype = PRECISIONS.of(precision_cfg).build(device)
     scaler = None
     if dtype is torch.float16:

@@ -34,6 +34,9 @@ from turbotrain.train.tracking import Tracker, peak_mem_mb, process_age_s, trim_
 log = logging.getLogger("turbotrain")
 
 
+PROCESS_THREADS = torch.get_num_threads()  # torch's choice for this process, before any job set its own
+
+
 class TrainingError(RuntimeError):
     """Training cannot go on (diverged); the message says where the last good checkpoint is."""
 
@@ -60,8 +63,7 @@ def train_here(cfg, run_dir: Path) -> float:
     """Train in this process: alone, or as one rank of a DDP group."""
     seed_everything(cfg.trainer.seed)
     configure_malloc(cfg.trainer.malloc)
-    if cfg.trainer.threads:
-        torch.set_num_threads(cfg.trainer.threads)
+    torch.set_num_threads(cfg.trainer.threads or PROCESS_THREADS)  # both ways: a sweep's next job starts afresh
     with watch_signals() as stop:
         info, device = dist.setup(cfg.distributed, cfg.trainer.device)
         try:
@@ -244,9 +246,12 @@ class Run:
         reduce = dist.all_reduce_sum if info.enabled else None
         common = {"device": self.device, "precision": p.precision, "max_batches": tc.limit_val_batches, "stop": self.stop}
         common.update(channels_last=tc.channels_last, reduce=reduce, tta=tc.tta)
-        val = evaluate(p.ema.module if p.ema is not None else p.train_model, p.loaders.val, **common)
+        # not through DDP: its buffer broadcast in eval is a collective that a rank without a
+        # validation batch would never join
+        trained = dist.unwrapped(p.train_model)
+        val = evaluate(p.ema.module if p.ema is not None else trained, p.loaders.val, **common)
         if p.ema is not None:  # the trained weights themselves, for comparison
-            val["acc1_no_ema"] = evaluate(p.train_model, p.loaders.val, **common)["acc1"]
+            val["acc1_no_ema"] = evaluate(trained, p.loaders.val, **common)["acc1"]
         self.stop_if_asked()  # validation stops within a batch; the epoch's training is saved
         self.metrics = {f"val_{k}": v for k, v in val.items()}
         sps = stats["samples_per_s"] * info.world_size

@@ -29,6 +29,7 @@ def summary_of(run) -> dict:
         "params": p.params,
         "flops": p.flops,
         "device": str(run.device),
+        "threads": torch.get_num_threads(),
         "world_size": run.info.world_size,
         "restarts": resume.restarts(),
         "rank_peak_mem_mb": [row[0] for row in run.balance],
