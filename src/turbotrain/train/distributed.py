@@ -43,6 +43,7 @@ class DistInfo:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    cpu_group: object = None  # beside NCCL: a gloo group for the per-step agreement (no GPU round trip)
 
     @property
     def is_main(self) -> bool:
@@ -111,6 +112,8 @@ def setup(dist_cfg, device_name: str) -> tuple[DistInfo, torch.device]:
         device_id=device if device.type == "cuda" else None,
         **_generation_store(info, timeout),
     )
+    if backend == "nccl":
+        info.cpu_group = dist.new_group(backend="gloo", timeout=timeout)
     if not info.is_main:
         # One run dir, one writer: only rank 0 appends to Hydra's train.log; the other ranks
         # print warnings and errors only.
@@ -243,15 +246,16 @@ def _sigterm_once(signal_exception: type) -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_IGN if stopping else previous)
 
 
-def agree_max(values: list[int]) -> list[int]:
+def agree_max(values: list[int], group=None) -> list[int]:
     """Each of `values`, the largest over all ranks (one tiny all-reduce; the values themselves
-    without DDP)."""
+    without DDP). `group`: DistInfo.cpu_group under NCCL, so that the agreement every step is a
+    CPU all-reduce and nothing waits for the GPU's queue to drain."""
     if not (dist.is_available() and dist.is_initialized()):
         return values
     t = torch.tensor(values, dtype=torch.int64)
-    if dist.get_backend() == "nccl":
+    if group is None and dist.get_backend() == "nccl":
         t = t.cuda()
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.tolist()
 
 

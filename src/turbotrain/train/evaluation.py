@@ -33,7 +33,8 @@ def evaluate(
     """Loss/top-1/top-5 over the loader; with `tta` (trainer.tta) of the views' mean softmax,
     and `acc1_no_tta` of the batch alone. `reduce` (e.g. an all_reduce) sums the totals across
     processes before they become means."""
-    sums = torch.zeros(5, dtype=torch.float64, device=device)  # loss, correct1, correct5, n, correct1 without tta
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, correct1, correct5, correct1 without tta
+    count = 0  # samples, on the host: no host-to-device copy per batch
     with eval_mode(model):
         for i, batch in enumerate(loader):
             if (max_batches is not None and i >= max_batches) or (stop is not None and stop.signum is not None):
@@ -49,11 +50,13 @@ def evaluate(
             else:
                 scores, loss = logits, F.cross_entropy(logits.float(), target, reduction="sum")
             c1, c5 = topk_correct(scores, target)
-            sums += torch.stack([loss.double(), c1.double(), c5.double(), sums.new_tensor(len(target)), plain1.double()])
+            sums += torch.stack([loss.double(), c1.double(), c5.double(), plain1.double()])
+            count += len(target)
+    sums = torch.cat([sums, sums.new_tensor([count])])  # n last: one copy per evaluation
     if reduce is not None:
         sums = reduce(sums)
-    n = max(sums[3].item(), 1.0)
-    out = {"loss": sums[0].item() / n, "acc1": sums[1].item() / n, "acc5": sums[2].item() / n, "samples": int(sums[3].item())}
+    loss, c1, c5, plain1, n = sums.tolist()
+    out = {"loss": loss / max(n, 1), "acc1": c1 / max(n, 1), "acc5": c5 / max(n, 1), "samples": int(n)}
     if tta != "none":
-        out["acc1_no_tta"] = sums[4].item() / n
+        out["acc1_no_tta"] = plain1 / max(n, 1)
     return out

@@ -21,7 +21,7 @@ class Meter:
     device: no sync per step), samples, and time spent waiting for data."""
 
     def __init__(self, device: torch.device):
-        self.interval = torch.zeros(3, device=device)  # loss sum, correct1, n
+        self.interval = torch.zeros(2, device=device)  # loss sum, correct1 (the count is on the host)
         self.start = self.interval_start = time.perf_counter()
         self.wait_s = self.interval_wait_s = 0.0
         self.samples = self.interval_samples = 0
@@ -34,14 +34,15 @@ class Meter:
         n = len(target)
         hard = target.argmax(-1) if target.ndim > 1 else target  # mixed batches: the larger share's class
         correct1 = topk_correct(logits.detach(), hard)[0].float()
-        self.interval += torch.stack([loss.detach() * n, correct1, loss.new_tensor(n)])
+        self.interval += torch.stack([loss.detach() * n, correct1])  # no host-to-device copy per step
         self.samples += n
         self.interval_samples += n
 
     def interval_event(self, reduce) -> dict:
         """The train event of the interval that ends now; starts the next one. Every rank calls
         this at the same step, so the sum across ranks cannot deadlock."""
-        loss_sum, correct, count = (reduce(self.interval) if reduce else self.interval).tolist()
+        sums = torch.cat([self.interval, self.interval.new_tensor([self.interval_samples])])  # one copy per interval
+        loss_sum, correct, count = (reduce(sums) if reduce else sums).tolist()
         elapsed = time.perf_counter() - self.interval_start
         event = {
             "loss": loss_sum / count,

@@ -168,7 +168,7 @@ class Run:
         due = int(clock and minutes is not None and time.monotonic() - self.saved_time >= 60 * minutes)
         signum = self.stop.signum or 0
         if self.info.enabled:
-            signum, due = dist.agree_max([signum, due])
+            signum, due = dist.agree_max([signum, due], self.info.cpu_group)
         if not signum:
             return bool(due)
         self.save()
