@@ -15,6 +15,7 @@ import torch.distributed as dist
 from turbotrain.core.atomic import atomic_write_text
 from turbotrain.train.distributed import SELF_LAUNCHED, DistInfo, in_worker_env
 from turbotrain.train.resume import restarts
+from turbotrain.train.tracking import start_ticks
 
 RUN_DIR_NOTES = Path("outputs/.torchrun")
 
@@ -26,9 +27,9 @@ def _rank0_dir_file() -> Path:
     a pid is reused once its process is gone."""
     agent = os.getppid()
     try:
-        started = Path(f"/proc/{agent}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        started = start_ticks(agent)
     except OSError:  # no /proc: the pid alone
-        started = "0"
+        started = 0
     return RUN_DIR_NOTES / f"{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}-{agent}-{started}"
 
 

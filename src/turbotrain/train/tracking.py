@@ -45,11 +45,15 @@ def peak_mem_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
+def start_ticks(pid: int | str = "self") -> int:
+    """When a process started, in clock ticks since boot (Linux /proc)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
 def process_age_s() -> float:
-    """Seconds since this process started (Linux /proc), imports included: start-up cost."""
-    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    """Seconds since this process started, imports included: start-up cost."""
     boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
-    return time.time() - (boot + int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    return time.time() - (boot + start_ticks() / os.sysconf("SC_CLK_TCK"))
 
 
 def gpu_util(device: torch.device) -> float | None:
