@@ -59,6 +59,7 @@ def _minilm(tokens: int, repeats: int) -> dict:
     from omegaconf import OmegaConf
     from transformers import AutoModelForSequenceClassification
 
+    import turbotrain.options  # noqa: F401  (fills the option registries: model_path looks minilm up)
     from turbotrain.models.text import model_path
 
     path = model_path(OmegaConf.create({"name": "minilm"}))
