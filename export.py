@@ -16,6 +16,8 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
 def main(cfg: DictConfig) -> None:
+    import turbotrain.options  # noqa: F401, F811  again here: a launcher may run this function in a process of its own
+
     try:
         export(cfg)
     except USER_ERRORS as e:

@@ -22,6 +22,8 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float:
+    import turbotrain.options  # noqa: F401, F811  again here: a launcher (submitit) may run this function in a process of its own
+
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     note_run_dir(run_dir)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_cli
-from test_distributed import _pids_with_env
+from test_distributed import EQUIV, _pids_with_env
 from turbotrain.core.checkpoint import load
 
 # Random flips draw from each rank's own RNG: a resume is exact only when every rank gets its
@@ -195,3 +195,33 @@ def test_plain_torchrun_shares_one_dir_and_leaves_nothing_stale(tmp_path):
     assert len(runs) == 1 and json.loads((runs[0] / "summary.json").read_text())["world_size"] == 2
     notes = tmp_path / "outputs" / ".torchrun"
     assert not notes.exists() or not list(notes.iterdir())
+
+
+@pytest.mark.slow  # three launches of real processes, ~40 s on a 2-core CPU: `python -m pytest -m slow`
+def test_two_torchrun_agents_are_one_run_equal_to_one_node_with_two_processes(tmp_path):
+    """Several nodes, for real: two torchrun agents on 127.0.0.1 meet through a c10d rendezvous
+    (the README's multi-node command with --nnodes=2 --nproc-per-node=1); they write one run dir,
+    and train as one node with two processes does on the same global batch."""
+    one = tmp_path / "one" / "run"
+    args = (*EQUIV, "data.batch_size=32", "distributed=ddp")
+    r = run_cli("train.py", *args, "distributed.nproc=2", f"hydra.run.dir={one}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d"]
+    cmd += [f"--rdzv-endpoint=127.0.0.1:{_free_port()}", f"--rdzv-id={uuid.uuid4().hex[:8]}", str(ROOT / "train.py"), *args]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    agents = [
+        subprocess.Popen(cmd, cwd=nodes, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    for agent in agents:
+        _, stderr = agent.communicate(timeout=300)
+        assert agent.returncode == 0, stderr[-3000:]
+    runs = list((nodes / "outputs" / "train").iterdir())
+    assert len(runs) == 1  # one run dir for both nodes
+    assert json.loads((runs[0] / "summary.json").read_text())["world_size"] == 2
+    a, b = load(one / "checkpoints" / "last.pt"), load(runs[0] / "checkpoints" / "last.pt")
+    assert a["state"]["global_step"] == b["state"]["global_step"] == 4
+    for k, v in a["model"].items():
+        torch.testing.assert_close(b["model"][k], v, rtol=1e-4, atol=1e-5, msg=k)
+    assert abs(a["metrics"]["val_acc1"] - b["metrics"]["val_acc1"]) < 1e-9

@@ -50,6 +50,19 @@ def test_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert "must be > 0" in (sweep / "sweep_summary.md").read_text()
 
 
+def test_submitit_runs_each_job_in_a_process_of_its_own(tmp_path):
+    """The SLURM path through Hydra's submitit launcher, for real on this machine
+    (hydra/launcher=submitit_local): each job runs train.py's main in a fresh process, which must
+    load the options itself; both jobs train and the summary is written."""
+    sweep = tmp_path / "sweep"
+    args = ("-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5", "optim.lr=0.1,0.05", *QUICK)
+    r = run_cli("train.py", *args, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _rows(sweep)
+    assert len(rows) == 2 and {row["status"] for row in rows} == {"ok"}, rows
+    assert all(float(row["best_val_acc1"]) > 0.3 for row in rows)  # trained (10 classes: chance is 0.1)
+
+
 @pytest.mark.slow  # real processes, ~20-70 s on a 2-core CPU: `python -m pytest -m slow`
 def test_optuna_trial_that_fails_is_reported_and_the_study_goes_on(tmp_path):
     sweep = tmp_path / "optuna"
