@@ -58,11 +58,18 @@ def _noting() -> bool:
 
 
 def note_run_dir(run_dir: Path) -> None:
-    """Rank 0 under torchrun: remember the run dir for restarts of this job. The note outlives
-    this process whatever ends it (an error, a stop, a peer's death: each may be followed by a
-    restart); `forget_run_dir` removes it once the run has finished."""
+    """Rank 0 under torchrun: remember the run dir for restarts of this job. Once the run has
+    begun (metrics.jsonl exists) the note outlives this process whatever ends it (an error, a
+    stop, a peer's death: each may be followed by a restart); `forget_run_dir` removes it when the
+    run has finished. A start that failed before that (a refused config) leaves no note."""
     if _noting():
         atomic_write_text(_rank0_dir_file(), str(Path(run_dir).resolve()))
+        atexit.register(_forget_unless_begun, Path(run_dir))
+
+
+def _forget_unless_begun(run_dir: Path) -> None:
+    if not (run_dir / "metrics.jsonl").exists():
+        forget_run_dir()
 
 
 def forget_run_dir() -> None:
