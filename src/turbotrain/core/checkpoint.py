@@ -138,7 +138,8 @@ def rank_rng(ckpt: dict, rank: int) -> dict:
 def nonfinite(ckpt: dict) -> list[str]:
     """Names of the model and optimizer tensors holding NaN or inf: such a checkpoint is never written."""
     tensors = [(f"model.{k}", v) for k, v in ckpt["model"].items()]
-    tensors += [(f"ema.weights.{k}", v) for k, v in (ckpt.get("ema") or {"weights": {}})["weights"].items()]
+    if ckpt.get("ema"):
+        tensors += [(f"ema.weights.{k}", v) for k, v in ckpt["ema"]["weights"].items()]
     for pid, slots in ckpt["optimizer"]["state"].items():
         tensors += [(f"optimizer.state.{pid}.{k}", v) for k, v in slots.items() if isinstance(v, torch.Tensor)]
     return [name for name, t in tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]

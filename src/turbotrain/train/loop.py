@@ -57,7 +57,8 @@ class TrainState:
     @classmethod
     def from_dict(cls, saved: dict) -> TrainState:
         """A checkpoint's state; fields a later turbotrain no longer has are dropped."""
-        return cls(**{k: v for k, v in saved.items() if k in {f.name for f in dataclasses.fields(cls)} - {"skips"}})
+        known = {f.name for f in dataclasses.fields(cls)} - {"skips"}
+        return cls(**{k: v for k, v in saved.items() if k in known})
 
     def as_dict(self) -> dict:
         self.read_skips()
