@@ -31,6 +31,7 @@ BENCHES = {  # CPU sizes: minutes each on 2 cores
     "attention_accuracy": ("attention_accuracy", "run", {}),  # ~60
     "overhead": ("overhead", "run", {}),
     "skip_sync": ("skip_sync", "run", {}),
+    "time_to_accuracy": ("time_to_accuracy", "run", {}),  # ~25
 }
 
 GPU_BENCHES = {  # bench/gpu_check.sh: GPU sizes, fp16 AMP + GradScaler, pinned memory; ~8 minutes in all

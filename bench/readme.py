@@ -96,6 +96,7 @@ FIGURES = {
     "attention_accuracy": ("attention_accuracy", "figures"),
     "precision": ("train_speed", "precision_figures"),
     "text_precision": ("train_speed", "text_figures"),
+    "time_to_accuracy": ("time_to_accuracy", "figures"),
     "resolution": ("resolution", "figures"),  # and its variants, resolution_* (so for every name)
 }
 

@@ -200,3 +200,14 @@ def test_a_jobs_thread_count_does_not_leak_into_the_next_one(tmp_path):
     train(make_cfg(*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=2"), tmp_path / "b")
     threads = [json.loads((tmp_path / r / "summary.json").read_text())["threads"] for r in ("a", "b")]
     assert threads == [1, PROCESS_THREADS]
+
+
+def test_validating_every_second_epoch_trains_the_same_weights_and_still_validates_at_the_end(tmp_path):
+    train(make_cfg(*TINY, "trainer.max_epochs=3"), tmp_path / "every")
+    train(make_cfg(*TINY, "trainer.max_epochs=3", "trainer.val_every_n_epochs=2"), tmp_path / "second")
+    a, b = (load(tmp_path / d / "checkpoints" / "last.pt") for d in ("every", "second"))
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    vals = [json.loads(line) for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["epoch"] for e in vals if e["split"] == "val"] == [1, 2]  # the second epoch, and the last
+    assert a["metrics"] == b["metrics"] and b["state"]["epoch"] == 3

@@ -5,6 +5,7 @@ from turbotrain.compression import compress, conv_lowrank, lowrank, prune
 from turbotrain.core.registry import options_loaded
 from turbotrain.data import folder, loader, text, vision
 from turbotrain.deploy import quantize
+from turbotrain.models import fast_cnn
 from turbotrain.models import text as text_models
 from turbotrain.models import vision as vision_models
 from turbotrain.models.attention import options as attention
@@ -20,6 +21,7 @@ MODULES = (
     text,
     vision,
     quantize,
+    fast_cnn,
     text_models,
     vision_models,
     attention,

@@ -35,6 +35,7 @@ class TrainerConfig:
     limit_train_batches: int | None = setting(None, bound=POSITIVE)
     limit_val_batches: int | None = setting(None, bound=POSITIVE)
     log_every_n_steps: int = setting(50, bound=POSITIVE)
+    val_every_n_epochs: int = setting(1, bound=POSITIVE)  # and always at the run's end
     checkpoint_every_n_steps: int | None = setting(None, bound=POSITIVE)
     # last.pt at the first step after this many minutes since the last save (a kill -9, a lost node
     # or an OOM then loses at most that much); ranks agree on the step

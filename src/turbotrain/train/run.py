@@ -199,8 +199,14 @@ class Run:
             stats = self._train_epoch()
             if self.saved_at != (state.global_step, state.batch_in_epoch):
                 self.save()  # the epoch's training, before validation can fail or be killed
+            epoch_done = state.batch_in_epoch >= p.loaders.batches_in_epoch
+            if not self._validation_due(epoch_done):
+                self.stop_if_asked()
+                state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+                self.save()
+                continue
             val = self._validate(stats)
-            if state.batch_in_epoch >= p.loaders.batches_in_epoch:
+            if epoch_done:
                 state.epoch += 1
                 state.batch_in_epoch = 0
             improved = val["acc1"] > state.best_val_acc1
@@ -213,6 +219,13 @@ class Run:
         if self.info.is_main:
             write_curves(self.run_dir)
         return state.best_val_acc1
+
+    def _validation_due(self, epoch_done: bool) -> bool:
+        """Every trainer.val_every_n_epochs-th epoch, and always at the run's end (its last epoch,
+        or trainer.max_steps reached mid-epoch)."""
+        tc, state = self.cfg.trainer, self.state
+        ended = (tc.max_steps and state.global_step >= tc.max_steps) or state.epoch + 1 >= tc.max_epochs
+        return not epoch_done or ended or (state.epoch + 1) % tc.val_every_n_epochs == 0
 
     def _train_epoch(self) -> dict:
         tc, p, state, info = self.cfg.trainer, self.p, self.state, self.info

@@ -35,6 +35,7 @@ class StepConfig(SchedConfig):
 @dataclass
 class OneCycleConfig(SchedConfig):
     pct_start: float = setting(0.3, bound=UNIT_OPEN)
+    anneal_strategy: str = setting("cos", choices=("cos", "linear"))  # linear: a triangle (short runs)
 
 
 @dataclass
@@ -99,7 +100,9 @@ def step(optimizer, c, optim_cfg, horizon: Horizon) -> LRScheduler:
 
 @SCHEDULES.register("onecycle", OneCycleConfig)
 def onecycle(optimizer, c, optim_cfg, horizon: Horizon) -> LRScheduler:
-    return OneCycleLR(optimizer, max_lr=optim_cfg.lr, total_steps=horizon.total_steps, pct_start=c.pct_start)
+    return OneCycleLR(
+        optimizer, max_lr=optim_cfg.lr, total_steps=horizon.total_steps, pct_start=c.pct_start, anneal_strategy=c.anneal_strategy
+    )
 
 
 @SCHEDULES.register("cyclic", CyclicConfig)

@@ -1,0 +1,140 @@
+"""Time to accuracy: recipes as a user runs them (`python train.py ...`, a fresh process each,
+the whole command's wall time), top-1 per seed, and an ablation of the speedrun.
+
+`python -m bench time_to_accuracy` (about 25 minutes on 2 CPU cores) writes
+bench/results/time_to_accuracy.json and time_to_accuracy.png (top-1 against wall seconds). Runs
+are interleaved by seed: one of each recipe per round, so a slow minute of the machine falls on
+all of them. The README's rows and its time-to-accuracy section are computed from the raw runs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import RESULTS, ROOT, write
+
+TARGET = 0.915  # the speedrun's target: Fashion-MNIST test top-1
+LONG_TARGET = 0.93  # the longer recipe's, within the default recipe's wall time
+
+# name -> (train.py overrides, seeds); the speedrun ablation removes one technique each
+RECIPES = {
+    "default": ([], 3),
+    "speedrun": (["experiment=speedrun"], 5),
+    "speedrun_93": (["experiment=speedrun_93"], 3),
+}
+ABLATION = {  # technique -> the override that removes it from the speedrun
+    "patch-whitening first layer": "model.whiten=false",
+    "label smoothing 0.1": "trainer.label_smoothing=0",
+    "flip TTA": "trainer.tta=none",
+    "random flips in training": "data.augment=[]",
+    "linear (triangular) one-cycle annealing, not cosine": "sched.anneal_strategy=cos",
+    "Nesterov momentum": "optim.nesterov=false",
+    "bf16 autocast (where the CPU has it)": "precision=fp32",
+}
+ABLATION_SEEDS = 2
+
+
+def timed_run(overrides: list[str], seed: int) -> dict:
+    """One `python train.py` in a fresh process: its wall time, and each validation's top-1
+    with the seconds since the command started."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [sys.executable, "train.py", *overrides, f"trainer.seed={seed}", f"hydra.run.dir={tmp}"]
+        started, t0 = time.time(), time.perf_counter()
+        done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if done.returncode != 0:
+            raise RuntimeError(f"train.py {' '.join(overrides)} failed:\n{done.stderr[-2000:]}")
+        events = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+        summary = json.loads((Path(tmp) / "summary.json").read_text())
+    vals = [{"s": e["time"] - started, "acc1": e["acc1"], "step": e["step"]} for e in events if e["split"] == "val"]
+    return {
+        "seed": seed,
+        "wall_s": wall,
+        "acc1": vals[-1]["acc1"],
+        "vals": vals,
+        "precision": summary["autocast_dtype"] or "fp32",
+    }
+
+
+def time_to(run: dict, target: float) -> float | None:
+    return next((v["s"] for v in run["vals"] if v["acc1"] >= target), None)
+
+
+def run() -> Path:
+    results: dict[str, list[dict]] = {name: [] for name in RECIPES}
+    ablation: dict[str, list[dict]] = {name: [] for name in ABLATION}
+    for seed in range(max(seeds for _, seeds in RECIPES.values())):
+        for name, (overrides, seeds) in RECIPES.items():
+            if seed < seeds:
+                print(f"time_to_accuracy: {name} seed {seed} ...", flush=True)
+                results[name].append(timed_run(["trainer.progress_bar=false", *overrides], seed))
+        for name, override in ABLATION.items():
+            if seed < ABLATION_SEEDS:
+                print(f"time_to_accuracy: speedrun without {name} seed {seed} ...", flush=True)
+                ablation[name].append(timed_run(["trainer.progress_bar=false", *RECIPES["speedrun"][0], override], seed))
+    payload = {
+        "target": TARGET,
+        "long_target": LONG_TARGET,
+        "recipes": {n: {"overrides": RECIPES[n][0], "runs": r} for n, r in results.items()},
+        "ablation": {n: {"override": ABLATION[n], "runs": r} for n, r in ablation.items()},
+        "rows": [{"what": f"time to >= {TARGET:.1%} top-1 on Fashion-MNIST: speedrun vs the default recipe", "seed": ""}],
+    }
+    path = write("time_to_accuracy", payload)
+    draw(payload, RESULTS / "time_to_accuracy.png")
+    return path
+
+
+def summary(runs: list[dict]) -> dict:
+    accs = [r["acc1"] for r in runs]
+    return {"wall_s": statistics.median(r["wall_s"] for r in runs), "mean": statistics.mean(accs), "min": min(accs)}
+
+
+def figures(result: dict) -> list[dict]:
+    """The comparison row: the default recipe's median wall time over the speedrun's."""
+    default, speedrun = (summary(result["recipes"][n]["runs"]) for n in ("default", "speedrun"))
+    ratio = default["wall_s"] / speedrun["wall_s"]
+    return [
+        {
+            "ours": f"{ratio:.1f}x ({speedrun['wall_s']:.1f} s vs {default['wall_s']:.1f} s median wall, mean top-1 "
+            f"{speedrun['mean']:.2%} vs {default['mean']:.2%})",
+            "ratio": ratio,
+        }
+    ]
+
+
+def draw(result: dict, path: Path) -> None:
+    """Validation top-1 against seconds since the command started: one line per run."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 5.5))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for color, (name, recipe) in zip(("#777", "#c40", "#27a"), result["recipes"].items(), strict=False):
+        for i, r in enumerate(recipe["runs"]):
+            ax.plot(
+                [v["s"] for v in r["vals"]],
+                [v["acc1"] for v in r["vals"]],
+                ".-",
+                color=color,
+                alpha=0.7,
+                label=name if i == 0 else None,
+            )
+    for target in (result["target"], result["long_target"]):
+        ax.axhline(target, color="black", linewidth=0.6, linestyle=":")
+    ax.set_ylim(0.85, 0.95)
+    ax.set_xlabel("seconds since `python train.py` started")
+    ax.set_ylabel("validation top-1 (Fashion-MNIST test set)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    print(run())
