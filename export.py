@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 import turbotrain.options  # noqa: F401  (fills the option registries)
 from turbotrain.config import exit_on_unknown_option, register_configs
-from turbotrain.core.errors import USER_ERRORS, report
+from turbotrain.core.errors import USER_ERRORS, as_disk_full, report
 from turbotrain.deploy.export import export
 
 register_configs()
@@ -20,7 +20,10 @@ def main(cfg: DictConfig) -> None:
 
     try:
         export(cfg)
-    except USER_ERRORS as e:
+    except Exception as e:
+        e = as_disk_full(e)
+        if not isinstance(e, USER_ERRORS):
+            raise
         report(e)
         sys.exit(2)
 

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 import turbotrain.options  # noqa: F401  (fills the option registries)
 from turbotrain.config import exit_on_unknown_option, register_configs
-from turbotrain.core.errors import USER_ERRORS, as_out_of_memory, one_line, report
+from turbotrain.core.errors import USER_ERRORS, as_disk_full, as_out_of_memory, one_line, report
 from turbotrain.train import sweep
 from turbotrain.train.preemption import Preempted
 from turbotrain.train.run import TrainingError, train
@@ -33,7 +33,7 @@ def main(cfg: DictConfig) -> float:
         report(e)
         sys.exit(128 + e.signum)
     except Exception as e:
-        e = as_out_of_memory(e)
+        e = as_disk_full(as_out_of_memory(e))
         user_error = isinstance(e, (*USER_ERRORS, TrainingError, MemoryError))
         if hydra_cfg.mode == RunMode.MULTIRUN:  # one failed job must not end the sweep
             if not user_error:

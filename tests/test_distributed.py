@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,6 +72,34 @@ def test_two_process_ddp_equals_one_process_on_same_global_batch(tmp_path):
     rows = [list(r) for r in zip(summary["rank_peak_mem_mb"], summary["rank_epoch_time_s"], strict=True)]
     expected = balance_warning(rows, ("peak_mem_mb", "epoch_time_s"))  # the run's own rule, on its own figures
     assert ("ranks are unbalanced" in (two / "train.log").read_text()) == (expected is not None)
+
+
+@pytest.mark.slow  # two worker processes decoding a JPEG tree: ~30 s on 2 cores
+def test_one_rank_per_node_builds_the_decoded_cache(jpeg_tree, tmp_path):
+    tree = tmp_path / "tree"
+    shutil.copytree(jpeg_tree, tree)
+    (tree / "train" / "china" / "broken.jpg").write_bytes(b"not a jpeg")  # the cache build warns about it
+    r = run_cli(
+        "train.py",
+        "data=imagenet",
+        f"data.root={tree}",
+        "data.cache=raw",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "data.image_size=32",
+        "data.batch_size=8",
+        "model=small_cnn",
+        "model.width=8",
+        "distributed=ddp",
+        "distributed.nproc=2",
+        "trainer.max_epochs=1",
+        "trainer.progress_bar=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    # rank 1 logs warnings too: a second build of the cache would warn a second time
+    assert (r.stdout + r.stderr).count("data.cache: skipped 1 file(s)") == 1, r.stderr[-3000:]
+    assert len(list((tmp_path / "cache").rglob("index.json"))) == 2  # one cache per split
 
 
 def test_rank_balance_warning_names_the_spread():

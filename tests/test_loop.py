@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -213,3 +214,21 @@ def test_a_bad_cpu_bf16_override_is_one_line_naming_the_variable(monkeypatch):
     monkeypatch.setenv(CPU_BF16_ENV, "yes")
     with pytest.raises(ConfigError, match=r"TURBOTRAIN_CPU_BF16='yes' must be 1 \(bf16\), 0 \(fp32\) or unset"):
         build_precision(make_cfg("precision=amp").precision, CPU)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "fused", "foreach"])
+def test_sgd_kernel_is_the_one_asked_for_or_the_faster_one_timed(kernel, caplog):
+    from turbotrain.train.optim import _fused_faster
+
+    _fused_faster.cache_clear()
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8 * 30 * 30, 10))
+    with caplog.at_level("INFO", logger="turbotrain"):
+        opt = build_optimizer(model, make_cfg("optim=sgd", f"optim.kernel={kernel}").optim)
+    fused = {g["fused"] for g in opt.param_groups}
+    timed = [r.getMessage() for r in caplog.records if "optim.kernel=auto" in r.getMessage()]
+    if kernel == "auto":  # either may win on a CPU: the one logged as faster
+        fused_ms, foreach_ms = (float(x) for x in re.findall(r"([\d.]+) ms", timed[0]))
+        assert len(timed) == 1 and fused == {fused_ms <= foreach_ms}
+    else:
+        assert not timed and fused == {kernel == "fused"}
+        assert all(g["foreach"] == (kernel == "foreach") for g in opt.param_groups)

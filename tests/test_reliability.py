@@ -154,7 +154,7 @@ def test_bad_files_with_error_policy_name_the_file(bad_tree, tmp_path):
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
-        ("model=resnet19", "allowed: bert_tiny, efficientnet_b0, hf, minilm"),
+        ("model=resnet19", "allowed: bert_tiny, efficientnet_b0, fast_cnn, hf, minilm"),
         ("data.batch_size=lots", "data.batch_size"),
         ("optim.lr=-0.1", "optim.lr"),
         ("data.batch_size=0", "data.batch_size"),
@@ -239,6 +239,27 @@ def test_out_of_memory_in_a_step_is_one_line_naming_the_keys(tmp_path):
     assert last.startswith("error: out of memory: lower data.batch_size") and "Tried to allocate 20.00 GiB" in last
     for key in ("trainer.grad_accum_steps", "precision=amp", "attention.checkpointing"):
         assert key in last
+
+
+METRICS_ON_A_FULL_DISK = """
+import builtins, runpy, sys
+import turbotrain.train.tracking as tracking
+def open_(path, *args, **kwargs):  # the metrics log lands on /dev/full: its first write fails with ENOSPC
+    return builtins.open("/dev/full" if str(path).endswith("metrics.jsonl") else path, *args, **kwargs)
+tracking.open = open_
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_a_full_disk_is_one_line_naming_the_file(tmp_path):
+    args = [*TINY, "trainer.max_epochs=1", f"hydra.run.dir={tmp_path}"]
+    r = subprocess.run([sys.executable, "-c", METRICS_ON_A_FULL_DISK, *args], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: no space left on the device writing /dev/full:"), last
+    assert "hydra.run.dir" in last and "data.cache_dir" in last
 
 
 def test_cpu_allocation_failure_counts_as_out_of_memory():

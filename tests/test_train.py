@@ -59,13 +59,14 @@ def assert_same_run(a_dir, b_dir):
 
 
 def test_resume_after_epoch_equals_uninterrupted(tmp_path, monkeypatch):
-    cfg = make_cfg(*TINY, "trainer.max_epochs=2")
-    train(cfg, tmp_path / "full")
+    # SGD's two CPU kernels, swapped at each start: optim.kernel=auto may pick either, so they
+    # must give the same weights, and a resume must run on its own process's kernel
+    train(make_cfg(*TINY, "trainer.max_epochs=2", "optim.kernel=fused"), tmp_path / "full")
     with monkeypatch.context() as m:
         interrupt_after_save(m, lambda c: c["state"]["epoch"] == 1)
         with pytest.raises(Interrupted):
-            train(cfg, tmp_path / "split")
-    train(make_cfg(*TINY, "trainer.max_epochs=2", "trainer.resume=auto"), tmp_path / "split")
+            train(make_cfg(*TINY, "trainer.max_epochs=2", "optim.kernel=foreach"), tmp_path / "split")
+    train(make_cfg(*TINY, "trainer.max_epochs=2", "trainer.resume=auto", "optim.kernel=fused"), tmp_path / "split")
     assert_same_run(tmp_path / "full", tmp_path / "split")
 
 

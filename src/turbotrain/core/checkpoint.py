@@ -162,7 +162,11 @@ def write(ckpt: dict, directory: Path, best: bool) -> None:
 
 def restore(ckpt: dict, *, optimizer, scaler) -> None:
     """Load optimizer/scaler states (the model is loaded when it is built; the scheduler is put at
-    the saved step by resume.continue_schedule)."""
+    the saved step by resume.continue_schedule). The kernel choice (`fused`, `foreach`) stays this
+    process's: it was made for this machine, and SGD's two give the same weights."""
+    kernels = [{k: g[k] for k in ("fused", "foreach") if k in g} for g in optimizer.param_groups]
     optimizer.load_state_dict(ckpt["optimizer"])
+    for group, kernel in zip(optimizer.param_groups, kernels, strict=True):
+        group.update(kernel)
     if scaler is not None and ckpt["scaler"] is not None:
         scaler.load_state_dict(ckpt["scaler"])

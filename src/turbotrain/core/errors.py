@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 
 import torch
@@ -27,6 +28,22 @@ def as_out_of_memory(error: BaseException) -> BaseException:
     cpu = isinstance(error, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in first
     if isinstance(error, torch.OutOfMemoryError) or cpu:
         return MemoryError(f"{OOM_HINT} ({first.split('] ')[-1][:200]})")
+    return error
+
+
+class DiskFull(UserError):
+    """A write failed for lack of space (ENOSPC) or quota (EDQUOT)."""
+
+
+def as_disk_full(error: BaseException) -> BaseException:
+    """A DiskFull naming the file for a write that found no space (a checkpoint, a cache, the
+    metrics log, a profiler trace: wherever it happened), else the error unchanged."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {error.filename}" if error.filename else ""
+        return DiskFull(
+            f"no space left on the device{where}: free space there, or point hydra.run.dir (runs) or "
+            "data.cache_dir (datasets, caches) at another disk; the last checkpoint is intact"
+        )
     return error
 
 

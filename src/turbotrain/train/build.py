@@ -78,7 +78,8 @@ def build(
     """Steps 2-4. With trainer.autotune the measured choice is written into `cfg`, which is the
     run's effective config from here on (checkpoints save it; resume reuses it). `stop`: the
     run's stop request, polled by compression's evaluations and fine-tuning and autotune's trials."""
-    data, model = _data_and_model(cfg)
+    with dist.local_rank_zero_first(info):  # downloads and decoded caches: once per node
+        data, model = _data_and_model(cfg)
     if resume_ckpt is not None:
         check_data(resume_ckpt, data, resume_path, cfg.trainer.resume_strict)
     initial_weights(model, cfg, resume_ckpt, resume_path)

@@ -144,6 +144,26 @@ def teardown(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def local_rank_zero_first(info: DistInfo) -> Iterator[None]:
+    """The block runs on each node's local rank 0 first, then on the node's other ranks: a
+    download or a decoded cache is made once per node (not once per process, at once, with N
+    temporary copies), and the others find it made. A global barrier that every rank passes
+    once, in a gloo group of its own whose timeout outlasts an ImageNet-sized cache build (hours:
+    distributed.timeout_s is sized for a step). A failure on rank 0 ends the group (the others
+    wait in the barrier until the launcher stops them)."""
+    if not info.enabled:
+        yield
+        return
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=2))
+    if info.local_rank != 0:
+        dist.barrier(group=group)
+    yield
+    if info.local_rank == 0:
+        dist.barrier(group=group)
+    dist.destroy_process_group(group)
+
+
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)

@@ -1,8 +1,14 @@
-"""Optimizers (built after model surgery, so they see the final parameters). SGD, Adam and AdamW
-are torch's fused kernels: they skip a step flagged non-finite on the device (loop.step_unless)."""
+"""Optimizers (built after model surgery, so they see the final parameters). Adam and AdamW are
+torch's fused kernels, SGD too on CUDA: they skip a step flagged non-finite on the device
+(loop.step_unless). On a CPU, SGD takes the faster of its fused and foreach kernels, timed on
+the model's own parameters at start (which one wins depends on the CPU)."""
 
 from __future__ import annotations
 
+import functools
+import logging
+import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +18,7 @@ from turbotrain.core.registry import Registry
 from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, UNIT_HALF_OPEN, setting
 
 OPTIMIZERS = Registry("optim")
+log = logging.getLogger("turbotrain")
 
 
 @dataclass
@@ -31,6 +38,10 @@ class SGDConfig(OptimConfig):
     weight_decay: float = setting(5e-4, bound=NON_NEGATIVE)
     momentum: float = setting(0.9, bound=UNIT_HALF_OPEN)
     nesterov: bool = True
+    # fused: one kernel per step, which takes the skip flag on the device (no host sync);
+    # foreach: torch's default. auto: fused on CUDA; on a CPU the faster of the two, timed at
+    # start. Either gives the same weights, bit for bit (tested), so the choice is free to vary
+    kernel: str = setting("auto", choices=("auto", "fused", "foreach"))
 
 
 @dataclass
@@ -86,11 +97,48 @@ def build_optimizer(model: nn.Module, optim_cfg) -> torch.optim.Optimizer:
 
 @OPTIMIZERS.register("sgd", SGDConfig)
 def sgd(groups: list[dict], c) -> torch.optim.Optimizer:
-    opt = torch.optim.SGD(groups, lr=c.lr, momentum=c.momentum, nesterov=c.nesterov and c.momentum > 0, fused=True)
+    fused = _sgd_fused(groups, c)
+    opt = _sgd(groups, c, fused)
     if c.momentum:  # the fused kernel's first step fills fresh buffers: a first step it skips would leave them unset
         for p in (p for g in groups for p in g["params"]):
             opt.state[p]["momentum_buffer"] = torch.zeros_like(p)  # zeros then the first step give its rule, buf = grad
     return opt
+
+
+def _sgd(groups: list[dict], c, fused: bool) -> torch.optim.SGD:
+    nesterov = c.nesterov and c.momentum > 0
+    return torch.optim.SGD(groups, lr=c.lr, momentum=c.momentum, nesterov=nesterov, fused=fused, foreach=not fused)
+
+
+def _sgd_fused(groups: list[dict], c) -> bool:
+    params = [p for g in groups for p in g["params"]]
+    if c.kernel != "auto":
+        return c.kernel == "fused"
+    if not params or params[0].device.type != "cpu":
+        return True
+    return _fused_faster(tuple(tuple(p.shape) for p in params), c.momentum, c.nesterov)
+
+
+@functools.cache  # once per process and set of shapes: autotune trials and pruning rebuild optimizers
+def _fused_faster(shapes: tuple, momentum: float, nesterov: bool, rounds: int = 3, steps: int = 3) -> bool:
+    """Times SGD's two CPU kernels on parameters of these shapes, interleaved (median of rounds).
+    Measured per resnet18 step: fused 15.8 ms vs foreach 10.4 ms on an AVX-512/AMX Xeon; on an AMD
+    EPYC the fused kernel took half the time of foreach."""
+    params = [torch.zeros(shape, requires_grad=True) for shape in shapes]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    c = SGDConfig(lr=0.1, momentum=momentum, nesterov=nesterov)
+    optimizers = {fused: _sgd([{"params": params, "weight_decay": 5e-4}], c, fused) for fused in (True, False)}
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(rounds + 1):  # the first round warms up
+        for fused, opt in optimizers.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                opt.step()
+            times[fused].append(time.perf_counter() - start)
+    fused_ms, foreach_ms = (statistics.median(times[f][1:]) / steps * 1e3 for f in (True, False))
+    log.info("optim.kernel=auto: SGD's fused kernel %.2f ms, foreach %.2f ms per step here", fused_ms, foreach_ms)
+    return fused_ms <= foreach_ms
 
 
 @OPTIMIZERS.register("adam", AdamConfig)

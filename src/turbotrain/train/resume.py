@@ -44,6 +44,7 @@ IGNORED = (
     "data.download",
     "data.eval_batch_size",
     "compression.from_run",
+    "optim.kernel",  # SGD's fused and foreach kernels give the same weights
     "attention.implementation",
 )
 

@@ -114,7 +114,10 @@ class Tracker:
             return
         event = {k: _clean(v) for k, v in event.items()}
         event["time"] = round(time.time(), 3)
-        self._file.write(json.dumps(event) + "\n")
+        try:
+            self._file.write(json.dumps(event) + "\n")
+        except OSError as e:  # a full disk: name the file (a file object's write error does not)
+            raise OSError(e.errno, e.strerror, self._file.name) from e
         if self._logger is not None:
             self._logger.log(event)
 
