@@ -131,7 +131,17 @@ def comparisons(results: Path) -> str:
     return "\n".join([*lines, "", "![ratios](bench/results/ratios.png)"])
 
 
-SECTIONS: dict[str, Callable[[Path], str]] = {"recipes": recipes, "comparisons": comparisons}
+def time_to_accuracy(results: Path) -> str:
+    import importlib
+
+    return importlib.import_module("bench.time_to_accuracy").section(results)
+
+
+SECTIONS: dict[str, Callable[[Path], str]] = {
+    "recipes": recipes,
+    "time_to_accuracy": time_to_accuracy,
+    "comparisons": comparisons,
+}
 
 
 def render(text: str, results: Path) -> str:

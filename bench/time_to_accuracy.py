@@ -108,6 +108,56 @@ def figures(result: dict) -> list[dict]:
     ]
 
 
+def _reached(runs: list[dict], target: float) -> str:
+    times = [t for t in (time_to(r, target) for r in runs) if t is not None]
+    if len(times) < len(runs):
+        return f"reached in {len(times)} of {len(runs)} runs"
+    return f"{statistics.median(times):.1f} s"
+
+
+def section(results: Path) -> str:
+    """The README's time-to-accuracy tables, computed from the runs in the result file."""
+    from bench.readme import machine
+
+    path = results / "time_to_accuracy.json"
+    result = json.loads(path.read_text())
+    recipes, target = result["recipes"], result["target"]
+    default = summary(recipes["default"]["runs"])
+    lines = [
+        f"Measured on {machine(result['hardware'])} by `python -m bench time_to_accuracy` "
+        f"([`bench/results/{path.name}`](bench/results/{path.name})), fresh processes interleaved by seed:",
+        "",
+        "| command | median wall time (whole command) | top-1 per seed | mean (lowest) | wall vs default |",
+        "|---|---|---|---|---|",
+    ]
+    for recipe in recipes.values():
+        s, runs = summary(recipe["runs"]), recipe["runs"]
+        command = " ".join(["`python train.py", *recipe["overrides"]]) + "`"
+        per_seed = ", ".join(f"{r['acc1']:.2%}" for r in runs)
+        lines.append(
+            f"| {command} | {s['wall_s']:.1f} s | {per_seed} | {s['mean']:.2%} ({s['min']:.2%}) | "
+            f"{s['wall_s'] / default['wall_s']:.2f}x |"
+        )
+    speedrun = recipes["speedrun"]["runs"]
+    lines += [
+        "",
+        f"The speedrun with one technique removed ({ABLATION_SEEDS} seeds each; the speedrun's own figures are "
+        f"those seeds' runs above):",
+        "",
+        f"| removed | override | median wall time | time to {target:.1%} | mean top-1 | top-1 vs the speedrun |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, entry in result["ablation"].items():
+        runs = entry["runs"]
+        base = statistics.mean(r["acc1"] for r in speedrun if r["seed"] in {a["seed"] for a in runs})
+        s = summary(runs)
+        lines.append(
+            f"| {name} | `{entry['override']}` | {s['wall_s']:.1f} s | {_reached(runs, target)} | {s['mean']:.2%} | "
+            f"{100 * (s['mean'] - base):+.2f} points |"
+        )
+    return "\n".join([*lines, "", "![top-1 against wall time](bench/results/time_to_accuracy.png)"])
+
+
 def draw(result: dict, path: Path) -> None:
     """Validation top-1 against seconds since the command started: one line per run."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
