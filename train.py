@@ -15,7 +15,7 @@ from turbotrain.core.errors import USER_ERRORS, as_disk_full, as_out_of_memory, 
 from turbotrain.train import sweep
 from turbotrain.train.preemption import Preempted
 from turbotrain.train.run import TrainingError, train
-from turbotrain.train.run_dir import note_run_dir, torchrun_argv
+from turbotrain.train.run_dir import note_run_dir, save_hydra_files, torchrun_argv
 
 register_configs()
 
@@ -27,6 +27,7 @@ def main(cfg: DictConfig) -> float:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     note_run_dir(run_dir)
+    save_hydra_files(run_dir, cfg, HydraConfig.instance().cfg)
     try:
         return train(cfg, run_dir, overrides=list(hydra_cfg.overrides.task))
     except Preempted as e:

@@ -23,6 +23,9 @@ s = json.load(open(sys.argv[1]))
 print({k: s[k] for k in ("device", "world_size", "precision", "samples_per_s", "peak_mem_mb", "skipped_steps")})
 PY
 
+echo "== 1b. no host sync inside a training step (torch.cuda.set_sync_debug_mode('error'))"
+timeout 120 python -m bench.sync_check || echo "sync check: FAILED (the traceback names the line that syncs)"
+
 echo "== 2. trainer.autotune at GPU size (channels_last x compile, workers)"
 timeout 150 python train.py data=synthetic data.image_size=160 data.num_samples=8192 data.batch_size=128 \
     model=resnet50 precision=amp trainer.autotune=true 'loader.auto_candidates=[0,4,8]' \

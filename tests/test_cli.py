@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_cli
+from conftest import TINY, run_cli
 
 
 def test_help_lists_groups():
@@ -33,3 +33,14 @@ def test_unknown_option_and_key_fail_at_compose(tmp_path):
     assert r.returncode != 0 and "resnet19" in r.stderr
     r = run_cli("train.py", "trainer.max_epoch=1", f"hydra.run.dir={tmp_path}")
     assert r.returncode != 0 and "max_epoch" in r.stderr
+
+
+def test_a_refused_rerun_leaves_the_runs_hydra_files_as_they_were(tmp_path):
+    r = run_cli("train.py", *TINY, "trainer.max_epochs=1", f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    hydra = tmp_path / ".hydra"
+    before = {p.name: p.read_bytes() for p in hydra.iterdir()}
+    assert set(before) == {"config.yaml", "hydra.yaml", "overrides.yaml"} and b"max_epochs=1" in before["overrides.yaml"]
+    r = run_cli("train.py", *TINY, "trainer.max_epochs=2", "optim.lr=0.3", f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 2 and "already holds a run" in r.stderr
+    assert {p.name: p.read_bytes() for p in hydra.iterdir()} == before

@@ -229,3 +229,22 @@ def test_resuming_another_runs_checkpoint_forks_it_and_never_writes_over_a_run(t
     assert {p.name: p.read_bytes() for p in (tmp_path / "a" / "checkpoints").iterdir()} == before  # a untouched
     train(make_cfg(*SHORT, "trainer.max_epochs=3", "trainer.resume=auto"), tmp_path / "b")  # the fork continues itself
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["parent"] == str(parent)
+
+
+def test_which_keys_may_change_on_resume_is_each_schema_fields_own_word():
+    from omegaconf import OmegaConf
+
+    from turbotrain.train.resume import changed_keys
+
+    saved = OmegaConf.to_yaml(make_cfg(*TINY))
+    new = make_cfg(
+        *TINY,
+        "data.batch_size=16",  # a data key: numeric by its group's rule
+        "data.eval_batch_size=7",  # numeric=False on its field
+        "data.root=/elsewhere",  # numeric=False
+        "optim.kernel=foreach",  # numeric=False
+        "trainer.label_smoothing=0.1",  # numeric=True on a trainer field
+        "trainer.log_every_n_steps=3",  # a trainer key: free by its group's rule
+        "loader.num_workers=1",  # a group that never alters the numbers
+    )
+    assert [k for k, _, _ in changed_keys(saved, new)] == ["data.batch_size", "trainer.label_smoothing"]

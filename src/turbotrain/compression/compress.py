@@ -20,6 +20,7 @@ from torch import nn
 from turbotrain.core.checkpoint_trust import int_in, register_arch_check
 from turbotrain.core.modules import forward
 from turbotrain.core.registry import Registry
+from turbotrain.core.schema import setting
 from turbotrain.core.timing import interleaved_latency_ms
 
 log = logging.getLogger("turbotrain")
@@ -30,7 +31,7 @@ STRUCTURE_BOUND = (1, 65_536)  # compressed structures record {module name: grou
 @dataclass
 class CompressionConfig:
     name: str = "none"
-    from_run: str | None = None  # start from this run's best.pt (the initial training phase)
+    from_run: str | None = setting(None, numeric=False)  # start from this run's best.pt (the initial training phase)
 
 
 @dataclass

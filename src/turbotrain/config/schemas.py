@@ -32,7 +32,7 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     max_epochs: int = setting(3, bound=POSITIVE)
     max_steps: int | None = setting(None, bound=POSITIVE)
-    limit_train_batches: int | None = setting(None, bound=POSITIVE)
+    limit_train_batches: int | None = setting(None, bound=POSITIVE, numeric=True)
     limit_val_batches: int | None = setting(None, bound=POSITIVE)
     log_every_n_steps: int = setting(50, bound=POSITIVE)
     val_every_n_epochs: int = setting(1, bound=POSITIVE)  # and always at the run's end
@@ -40,11 +40,11 @@ class TrainerConfig:
     # last.pt at the first step after this many minutes since the last save (a kill -9, a lost node
     # or an OOM then loses at most that much); ranks agree on the step
     checkpoint_every_minutes: float | None = setting(None, bound=POSITIVE)
-    grad_accum_steps: int = setting(1, bound=POSITIVE)
-    accum_bn: str = setting("none", choices=("none", "freeze"))
-    accum_bn_warmup_steps: int = setting(100, bound=NON_NEGATIVE)
-    grad_clip: float | None = setting(None, bound=POSITIVE)
-    seed: int = setting(0, bound=NON_NEGATIVE)
+    grad_accum_steps: int = setting(1, bound=POSITIVE, numeric=True)
+    accum_bn: str = setting("none", choices=("none", "freeze"), numeric=True)
+    accum_bn_warmup_steps: int = setting(100, bound=NON_NEGATIVE, numeric=True)
+    grad_clip: float | None = setting(None, bound=POSITIVE, numeric=True)
+    seed: int = setting(0, bound=NON_NEGATIVE, numeric=True)
     compile: bool = False
     channels_last: bool = True
     resume: str | None = None  # path | auto
@@ -59,12 +59,13 @@ class TrainerConfig:
     # default: the settings that leave the numerics alone; attention_kernel (may swap sliding_window for full) only when listed
     autotune_knobs: list[str] = setting(factory=lambda: list(KNOBS))
     autotune_steps: int = setting(8, bound=POSITIVE)  # timed steps per setting (after 2 warm-up steps)
-    label_smoothing: float = setting(0.0, bound=UNIT_HALF_OPEN)  # training loss only; validation reports plain cross-entropy
+    # training loss only; validation reports plain cross-entropy
+    label_smoothing: float = setting(0.0, bound=UNIT_HALF_OPEN, numeric=True)
     tta: str = setting("none", choices=TTA_CHOICES)  # validation: flip averages the softmax of the batch and its mirror image
     # weight averaging: validation, best.pt and export use the averaged weights; null = off
-    ema_decay: float | None = setting(None, bound=UNIT_OPEN)
-    ema_every_n_steps: int = setting(1, bound=POSITIVE)  # optimizer steps between two updates of the average
-    ema_warmup_steps: int = setting(0, bound=NON_NEGATIVE)  # the average copies the weights until then
+    ema_decay: float | None = setting(None, bound=UNIT_OPEN, numeric=True)
+    ema_every_n_steps: int = setting(1, bound=POSITIVE, numeric=True)  # optimizer steps between two updates of the average
+    ema_warmup_steps: int = setting(0, bound=NON_NEGATIVE, numeric=True)  # the average copies the weights until then
 
 
 @dataclass

@@ -19,10 +19,19 @@ POSITIVE, NON_NEGATIVE = (0, None, False, False), (0, None, True, False)
 UNIT_OPEN, UNIT_HALF_OPEN, UNIT_CLOSED = (0, 1, False, False), (0, 1, True, False), (0, 1, True, True)
 
 
-def setting(default: Any = dataclasses.MISSING, *, bound: tuple | None = None, choices: tuple | None = None, factory=None):
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    bound: tuple | None = None,
+    choices: tuple | None = None,
+    factory=None,
+    numeric: bool | None = None,
+):
     """A schema field. `bound` applies to a number or to each item of a list; a null value (where
-    the type allows it) means "the default" and is not checked."""
-    metadata = {"bound": bound, "choices": choices}
+    the type allows it) means "the default" and is not checked. `numeric`: whether a change alters
+    what a resumed run computes, so that resuming with a new value is refused (None: its group's
+    rule, train/resume.py)."""
+    metadata = {"bound": bound, "choices": choices, "numeric": numeric}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)

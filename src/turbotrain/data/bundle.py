@@ -20,11 +20,11 @@ DATA = Registry("data")
 @dataclass
 class DataCommon:
     name: str = "fashion_mnist"
-    root: str | None = None
-    cache_dir: str = "~/.cache/turbotrain"
-    download: bool = True
+    root: str | None = setting(None, numeric=False)  # where the data lives, not what it is
+    cache_dir: str = setting("~/.cache/turbotrain", numeric=False)
+    download: bool = setting(True, numeric=False)
     batch_size: int = setting(128, bound=POSITIVE)
-    eval_batch_size: int | None = setting(None, bound=POSITIVE)  # None: twice batch_size
+    eval_batch_size: int | None = setting(None, bound=POSITIVE, numeric=False)  # None: twice batch_size
     on_bad_sample: str = setting("skip", choices=("skip", "error"))  # skip: count + warn, naming files
     bucket_by_length: bool = False  # text: batches of similar-length texts (less padding); order still seeded
     # images: whole training batches mixed on the device after augmentation (soft targets); 0 = off,

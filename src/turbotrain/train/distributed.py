@@ -217,12 +217,7 @@ def launch(dist_cfg, run_dir: Path, overrides: list[str]) -> None:
         rdzv_configs={"timeout": dist_cfg.timeout_s},
         signals_to_handle="SIGINT,SIGHUP,SIGQUIT",  # torch's list without SIGTERM: _sigterm_once has it
     )
-    args = [
-        os.path.abspath(sys.argv[0]),
-        *overrides,
-        f"hydra.run.dir={run_dir}",
-        "hydra.output_subdir=null",  # the launcher already wrote .hydra/ for this run
-    ]
+    args = [os.path.abspath(sys.argv[0]), *overrides, f"hydra.run.dir={run_dir}"]
     os.environ[SELF_LAUNCHED] = "1"  # workers inherit it: their run dir is already agreed
     # as torchrun does: N workers x all-cores thread pools oversubscribe the CPU (2-4x slower steps)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dist_cfg.nproc)))

@@ -41,7 +41,7 @@ class SGDConfig(OptimConfig):
     # fused: one kernel per step, which takes the skip flag on the device (no host sync);
     # foreach: torch's default. auto: fused on CUDA; on a CPU the faster of the two, timed at
     # start. Either gives the same weights, bit for bit (tested), so the choice is free to vary
-    kernel: str = setting("auto", choices=("auto", "fused", "foreach"))
+    kernel: str = setting("auto", choices=("auto", "fused", "foreach"), numeric=False)
 
 
 @dataclass

@@ -4,6 +4,7 @@ whether the new config still describes the same training, and the LR schedule of
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import warnings
@@ -17,36 +18,10 @@ from turbotrain.train.autotune import apply_choice, choice_from_checkpoint
 
 log = logging.getLogger("turbotrain")
 
-# Config sections and keys whose change alters the numbers a resumed run computes.
-NUMERIC = (
-    "model",
-    "data",
-    "optim",
-    "sched",
-    "precision",
-    "compression",
-    "attention",
-    "trainer.seed",
-    "trainer.grad_accum_steps",
-    "trainer.grad_clip",
-    "trainer.limit_train_batches",
-    "trainer.accum_bn",
-    "trainer.accum_bn_warmup_steps",
-    "trainer.label_smoothing",
-    "trainer.ema_decay",
-    "trainer.ema_every_n_steps",
-    "trainer.ema_warmup_steps",
-)
-# Inside those sections: where the data lives and kernel choices that leave the numbers alone.
-IGNORED = (
-    "data.root",
-    "data.cache_dir",
-    "data.download",
-    "data.eval_batch_size",
-    "compression.from_run",
-    "optim.kernel",  # SGD's fused and foreach kernels give the same weights
-    "attention.implementation",
-)
+# Option groups whose keys alter what a resumed run computes, unless a key's schema field says
+# `numeric=False` (where the data lives, a kernel that gives the same numbers); the trainer's keys
+# alter nothing unless theirs says `numeric=True`; the other groups (logger, loader, ...) nothing.
+NUMERIC_GROUPS = ("model", "data", "optim", "sched", "precision", "compression", "attention")
 
 
 def restarts() -> int:
@@ -81,11 +56,16 @@ def resolve(resume: str | None, run_dir: Path) -> Path | None:
     return Path(resume).expanduser()
 
 
+def run_files(run_dir: Path) -> list[str]:
+    """What makes a dir hold a run: its checkpoints, metrics or summary (empty: a fresh dir)."""
+    return [p.name for p in (run_dir / "checkpoints", run_dir / "metrics.jsonl", run_dir / "summary.json") if p.exists()]
+
+
 def check_run_dir_free(run_dir: Path, resume: str | None) -> None:
     """A fresh run, or a fork of another run, never writes over a run's checkpoints and metrics."""
     if restarts() or (resume and not is_fork(resume, run_dir)):
         return
-    taken = [p.name for p in (run_dir / "checkpoints", run_dir / "metrics.jsonl", run_dir / "summary.json") if p.exists()]
+    taken = run_files(run_dir)
     if taken and resume:
         raise ConfigError(
             f"trainer.resume={resume} is another run's checkpoint: continuing it here starts a fork of that run, "
@@ -110,21 +90,33 @@ def _flat(node, prefix: str = "") -> dict:
 _ABSENT = object()
 
 
-def _schema_default(key: str, cfg):
-    """The default of `key` in the schema this config uses (TrainerConfig, or the selected
-    option's); _ABSENT for a key no schema has."""
-    group, _, rest = key.partition(".")
+def _schema(group: str, cfg) -> type | None:
+    """The schema of a config section: TrainerConfig, or the selected option's."""
     if group == "trainer":
-        schema = TrainerConfig
-    elif group in registries() and group in cfg:
-        schema = registries()[group].of(cfg[group]).schema
-    else:
-        return _ABSENT
-    return OmegaConf.select(OmegaConf.structured(schema), rest, default=_ABSENT)
+        return TrainerConfig
+    if group in registries() and group in cfg:
+        return registries()[group].of(cfg[group]).schema
+    return None
+
+
+def _schema_default(key: str, cfg):
+    """The default of `key` in the schema this config uses; _ABSENT for a key no schema has."""
+    group, _, rest = key.partition(".")
+    schema = _schema(group, cfg)
+    return _ABSENT if schema is None else OmegaConf.select(OmegaConf.structured(schema), rest, default=_ABSENT)
+
+
+def _numeric(key: str, cfg) -> bool:
+    """Whether a change of `key` alters what a resumed run computes (its field's `numeric`)."""
+    group, _, rest = key.partition(".")
+    schema = _schema(group, cfg)
+    field = next((f for f in dataclasses.fields(schema) if f.name == rest.split(".")[0]), None) if schema else None
+    flag = field.metadata.get("numeric") if field is not None else None
+    return flag if flag is not None else group in NUMERIC_GROUPS
 
 
 def changed_keys(saved_yaml: str, cfg) -> list[tuple[str, object, object]]:
-    """(key, saved value, new value) for the keys under NUMERIC that differ. A key the saved
+    """(key, saved value, new value) for the numeric keys that differ. A key the saved
     config lacks (added to turbotrain after that run) counts as its default: the run trained
     with the behaviour that default keeps."""
     old = _flat(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=False))
@@ -133,11 +125,7 @@ def changed_keys(saved_yaml: str, cfg) -> list[tuple[str, object, object]]:
         if (default := _schema_default(key, cfg)) is not _ABSENT:
             old[key] = default
 
-    def relevant(key: str) -> bool:
-        inside = any(key == n or key.startswith(n + ".") for n in NUMERIC)
-        return inside and not any(key == i or key.startswith(i + ".") for i in IGNORED)
-
-    keys = sorted(k for k in set(old) | set(new) if relevant(k))
+    keys = sorted(k for k in set(old) | set(new) if _numeric(k, cfg))
     return [(k, old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
 
 

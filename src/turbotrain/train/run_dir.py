@@ -11,10 +11,11 @@ import tempfile
 from pathlib import Path
 
 import torch.distributed as dist
+from omegaconf import OmegaConf
 
 from turbotrain.core.atomic import atomic_write_text
 from turbotrain.train.distributed import SELF_LAUNCHED, DistInfo, in_worker_env
-from turbotrain.train.resume import restarts
+from turbotrain.train.resume import restarts, run_files
 from turbotrain.train.tracking import start_ticks
 
 RUN_DIR_NOTES = Path("outputs/.torchrun")
@@ -45,11 +46,26 @@ def torchrun_argv(argv: list[str]) -> list[str]:
     if int(os.environ["RANK"]) == 0:
         note = _rank0_dir_file()
         if restarts() and note.is_file():
-            return [*argv, f"hydra.run.dir={note.read_text().strip()}", "hydra.output_subdir=null"]
+            return [*argv, f"hydra.run.dir={note.read_text().strip()}"]
         return argv
     scratch = tempfile.mkdtemp(prefix=f"turbotrain-rank{os.environ['RANK']}-")
     atexit.register(shutil.rmtree, scratch, True)
-    return [*argv, f"hydra.run.dir={scratch}", "hydra.output_subdir=null"]
+    return [*argv, f"hydra.run.dir={scratch}"]
+
+
+def save_hydra_files(run_dir: Path, cfg, hydra_cfg) -> None:
+    """.hydra/config.yaml, hydra.yaml and overrides.yaml, as Hydra writes them (conf/train.yaml
+    turns Hydra's own writing off: it writes before train() can check the dir), into a dir that
+    holds no run yet. A refused re-run, or a resume, leaves the run's own files as they were (its
+    checkpoints and summary record what a resume changed). Written once: by the process that
+    launches the workers, or by rank 0 under torchrun."""
+    if in_worker_env() and (os.environ.get(SELF_LAUNCHED) or int(os.environ["RANK"]) != 0):
+        return
+    if run_files(run_dir):
+        return
+    files = {"config.yaml": cfg, "hydra.yaml": hydra_cfg, "overrides.yaml": hydra_cfg.hydra.overrides.task}
+    for name, node in files.items():
+        atomic_write_text(run_dir / ".hydra" / name, OmegaConf.to_yaml(node))
 
 
 def _noting() -> bool:

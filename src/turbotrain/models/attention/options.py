@@ -95,7 +95,8 @@ class AttentionConfig:
 
 @dataclass
 class FullAttentionConfig(AttentionConfig):
-    implementation: str = setting("sdpa", choices=("sdpa", "eager"))  # the full attention kernel (an autotune knob)
+    # the full attention kernel (an autotune knob)
+    implementation: str = setting("sdpa", choices=("sdpa", "eager"), numeric=False)
 
 
 @dataclass
