@@ -134,6 +134,12 @@ def _quantized(b, name):
     return quantize_for(name, model, "image", calib, torch.randn(4, 3, 32, 32), batches=2)[0]
 
 
+def _onnx(b, name) -> bool:
+    from turbotrain.deploy.quantize import DEPLOY
+
+    return DEPLOY[name].traits["format"] == "onnx" and _quantized(b, name) is b["model"]
+
+
 def _fused_per_channel(q) -> bool:
     convs = [m for m in q.modules() if type(m).__name__ == "ConvReLU2d" and hasattr(m, "weight")]
     return (
@@ -188,9 +194,14 @@ SPECIFIC = {
     ("deploy", "fp32"): lambda b: _quantized(b, "fp32") is b["model"],
     ("deploy", "int8"): lambda b: _fused_per_channel(_quantized(b, "int8")),
     ("deploy", "int8_dynamic"): lambda b: _dynamic_linear_only(_quantized(b, "int8_dynamic")),
+    # ONNX Runtime quantizes the exported graph, not the module (tests/test_onnx.py)
+    ("deploy", "onnx"): lambda b: _onnx(b, "onnx"),
+    ("deploy", "onnx_int8"): lambda b: _onnx(b, "onnx_int8"),
     ("distributed", "none"): lambda b: distributed.setup(b["cfg"].distributed, "cpu")[0].world_size == 1,
     ("distributed", "ddp"): lambda b: (b["cfg"].distributed.nproc, b["cfg"].distributed.backend) == (2, "auto"),
     ("experiment", "resnet18_fashion"): lambda b: "BasicBlock" in _modules(b["model"]) and b["cfg"].data.image_size == 64,
+    ("experiment", "speedrun"): lambda b: type(b["model"]).__name__ == "FastCNN" and b["cfg"].trainer.max_steps == 842,
+    ("experiment", "speedrun_93"): lambda b: type(b["model"]).__name__ == "FastCNN" and b["cfg"].trainer.max_epochs == 6,
     ("hparams_search", "optuna"): lambda b: "optuna" in _hydra("optuna").sweeper._target_,
     ("hparams_search", "random"): lambda b: (
         lambda h: (h.sweeper.sampler._target_, h.sweeper.sampler.seed) == ("optuna.samplers.RandomSampler", 0)
@@ -203,6 +214,7 @@ SPECIFIC = {
     ("logger", "wandb"): lambda b: type(b["logger"]).__name__ == "WandbLogger",
     ("logger", "tensorboard"): lambda b: any((b["tmp"] / "tensorboard").iterdir()),
     ("model", "small_cnn"): lambda b: type(b["model"]).__name__ == "SmallCNN",
+    ("model", "fast_cnn"): lambda b: type(b["model"]).__name__ == "FastCNN" and not b["model"][0].conv.weight.requires_grad,
     ("model", "resnet18"): lambda b: "BasicBlock" in _modules(b["model"]) and "Bottleneck" not in _modules(b["model"]),
     ("model", "resnet50"): lambda b: "Bottleneck" in _modules(b["model"]),
     ("model", "mobilenet_v3_small"): lambda b: type(b["model"]).__name__ == "MobileNetV3",

@@ -19,7 +19,7 @@ from turbotrain.core.timing import interleaved_latency_ms
 from turbotrain.data import build_data
 from turbotrain.data.text import PadCollate
 from turbotrain.deploy import report as report_io
-from turbotrain.deploy.quantize import BACKEND, quantize_for
+from turbotrain.deploy.quantize import BACKEND, DEPLOY, quantize_for
 from turbotrain.deploy.script import TextLogits, convert, frozen, reload, state_dict_mb
 from turbotrain.models import build_tokenizer_for, from_checkpoint
 
@@ -129,6 +129,36 @@ def _fastest_torchscript(target, example: tuple, deploy_cfg, kind: str):
     return best, timed, modules[best]
 
 
+def _export_onnx(cfg, model, arch: dict, data, val_loader, tokenizer, export_dir: Path, run_dir: Path, ckpt_path: Path) -> Path:
+    from turbotrain.deploy.onnx_export import export_onnx, write_readme  # onnxruntime: the [onnx] extra
+
+    calib = _loader(data.train_eval, 32, shuffle=True, collate=data.collate)
+    with quiet_deprecations():  # the TorchScript INT8 it is timed against
+        figures = export_onnx(cfg, model, arch, data, (val_loader, calib), export_dir)
+    if tokenizer is not None:
+        report_io.save_tokenizer(tokenizer, export_dir / report_io.TOKENIZER)
+    spec = report_io.input_spec(arch)
+    if tokenizer is not None:  # the graph takes any length up to the trained one
+        n = arch["max_length"]
+        spec.update(shape=["N", f"L <= {n}"], preprocessing=f"tokenize with {report_io.TOKENIZER}/, truncation to {n} tokens")
+    report = {
+        "deploy": cfg.deploy.name,
+        **figures,
+        "input": spec,
+        "torch": torch.__version__,
+        "run": run_dir.resolve().name,
+        "checkpoint": str(ckpt_path.resolve().relative_to(run_dir.resolve())),
+    }
+    report_io.write_json(export_dir, report)
+    write_readme(export_dir, report)
+    log.info(
+        "%s: %.2f MB (fp32 %.2f MB), %.3f ms vs fp32 eager %.3f ms at batch 1, top-1 %.4f (fp32 %.4f) -> %s",
+        *(cfg.deploy.name, report["size_mb"], report["fp32_size_mb"], report["latency_ms"], report["fp32_latency_ms"]),
+        *(report["val_acc1"], report["fp32_val_acc1"], export_dir),
+    )
+    return export_dir
+
+
 def export(cfg) -> Path:
     check_group(cfg, "deploy")
     run_dir = find_run(cfg.run, cfg.outputs_dir, cfg.checkpoint)
@@ -144,10 +174,13 @@ def export(cfg) -> Path:
     if train_cfg.data.get("decode") == "gpu":  # export evaluates on the CPU: decode there
         train_cfg.data.decode = "cpu"
     data = build_data(train_cfg.data, tokenizer)
-    if text:  # fixed-length inputs: tracing bakes the sequence length into the artifact
+    onnx = DEPLOY[cfg.deploy.name].traits.get("format") == "onnx"
+    if text:  # TorchScript takes fixed-length inputs (tracing bakes the length in); ONNX a free length
         model = TextLogits(model).eval()
-        data.collate = PadCollate(tokenizer.pad_token_id or 0, length=arch["max_length"])
+        data.collate = PadCollate(tokenizer.pad_token_id or 0, length=None if onnx else arch["max_length"])
     val_loader = _loader(data.val, 32, shuffle=False, collate=data.collate)
+    if onnx:
+        return _export_onnx(cfg, model, arch, data, val_loader, tokenizer, export_dir, run_dir, ckpt_path)
     inputs = next(iter(val_loader))[0]
     example = (inputs["input_ids"], inputs["attention_mask"]) if text else (inputs,)
     with quiet_deprecations():

@@ -103,6 +103,18 @@ def int8(model: nn.Module, kind: str, calib, example, batches: int) -> tuple[nn.
     return target, "int8 (dynamic Linear layers, weight-only Embeddings)"
 
 
+@DEPLOY.register("onnx", StaticInt8Config, format="onnx")  # calibrates the TorchScript INT8 it is timed against
+def onnx_fp32(model: nn.Module, kind: str, calib, example, batches: int) -> tuple[nn.Module, str]:
+    """ONNX Runtime, float32: the graph from torch.onnx's dynamo exporter (deploy/onnx.py)."""
+    return model, "float32"
+
+
+@DEPLOY.register("onnx_int8", StaticInt8Config, format="onnx")
+def onnx_int8(model: nn.Module, kind: str, calib, example, batches: int) -> tuple[nn.Module, str]:
+    """ONNX Runtime INT8: quantized by onnxruntime on the exported graph (deploy/onnx.py)."""
+    return model, "int8"
+
+
 @DEPLOY.register("int8_dynamic", DeployConfig)
 def int8_dynamic(model: nn.Module, kind: str, calib, example, batches: int) -> tuple[nn.Module, str]:
     return quantize_linear_dynamic(copy.deepcopy(model)), "int8 (dynamic, Linear layers)"

@@ -111,9 +111,13 @@ def _call(spec: dict) -> str:
     )
 
 
-def write(export_dir: Path, report: dict) -> None:
+def write_json(export_dir: Path, report: dict) -> None:
     export_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(export_dir / "report.json", json.dumps(report, indent=2) + "\n")
+
+
+def write(export_dir: Path, report: dict) -> None:
+    write_json(export_dir, report)
     spec = report["input"]
     atomic_write_text(
         export_dir / "README.txt",
