@@ -63,6 +63,7 @@ def test_without_whitening_the_same_first_layer_is_learned():
     assert model[0].weight.shape == (18, 1, 3, 3) and model[0].weight.requires_grad
 
 
+@pytest.mark.slow  # a training run and an INT8 export in a fresh process: ~25 s
 def test_a_fast_cnn_run_exports_to_int8(tmp_path):
     run = tmp_path / "outputs" / "train" / "fast"
     train(make_cfg(*FAST), run)

@@ -174,7 +174,7 @@ def export(cfg) -> Path:
     if train_cfg.data.get("decode") == "gpu":  # export evaluates on the CPU: decode there
         train_cfg.data.decode = "cpu"
     data = build_data(train_cfg.data, tokenizer)
-    onnx = DEPLOY[cfg.deploy.name].traits.get("format") == "onnx"
+    onnx = DEPLOY.of(cfg.deploy).traits.get("format") == "onnx"
     if text:  # TorchScript takes fixed-length inputs (tracing bakes the length in); ONNX a free length
         model = TextLogits(model).eval()
         data.collate = PadCollate(tokenizer.pad_token_id or 0, length=None if onnx else arch["max_length"])

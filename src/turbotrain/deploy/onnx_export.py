@@ -23,7 +23,7 @@ from turbotrain.core.atomic import atomic_write_text
 from turbotrain.core.errors import UserError
 from turbotrain.core.timing import interleaved_latency_ms
 from turbotrain.deploy import onnx as ox
-from turbotrain.deploy.quantize import BACKEND, quantize_for
+from turbotrain.deploy.quantize import BACKEND, DEPLOY, quantize_for
 from turbotrain.deploy.script import convert, frozen, state_dict_mb
 
 log = logging.getLogger("turbotrain")
@@ -96,7 +96,8 @@ def torchscript_int8(model: nn.Module, kind: str, calib, inputs, example: tuple,
 def export_onnx(cfg, model: nn.Module, arch: dict, data, loaders: tuple, export_dir: Path) -> dict:
     """Steps of an ONNX export; returns the report's figures (the caller adds where it came from)."""
     val_loader, calib = loaders
-    text, int8, threads = arch["kind"] == "text", cfg.deploy.name == "onnx_int8", torch.get_num_threads()
+    int8 = DEPLOY.of(cfg.deploy).traits.get("int8", False)
+    text, threads = arch["kind"] == "text", torch.get_num_threads()
     inputs = next(iter(val_loader))[0]
     example = positional(inputs, text)
     export_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -109,7 +109,7 @@ def onnx_fp32(model: nn.Module, kind: str, calib, example, batches: int) -> tupl
     return model, "float32"
 
 
-@DEPLOY.register("onnx_int8", StaticInt8Config, format="onnx")
+@DEPLOY.register("onnx_int8", StaticInt8Config, format="onnx", int8=True)
 def onnx_int8(model: nn.Module, kind: str, calib, example, batches: int) -> tuple[nn.Module, str]:
     """ONNX Runtime INT8: quantized by onnxruntime on the exported graph (deploy/onnx.py)."""
     return model, "int8"

@@ -107,11 +107,17 @@ def _schema_default(key: str, cfg):
 
 
 def _numeric(key: str, cfg) -> bool:
-    """Whether a change of `key` alters what a resumed run computes (its field's `numeric`)."""
+    """Whether a change of `key` alters what a resumed run computes: its field's `numeric` in the
+    schema `cfg` selects, else its group's rule. A key that schema lacks (another option's, which
+    Hydra composes as null, or one turbotrain no longer has) alters nothing under it."""
     group, _, rest = key.partition(".")
     schema = _schema(group, cfg)
-    field = next((f for f in dataclasses.fields(schema) if f.name == rest.split(".")[0]), None) if schema else None
-    flag = field.metadata.get("numeric") if field is not None else None
+    if schema is None:
+        return False
+    field = {f.name: f for f in dataclasses.fields(schema)}.get(rest.split(".")[0])
+    if field is None:
+        return False
+    flag = field.metadata.get("numeric")
     return flag if flag is not None else group in NUMERIC_GROUPS
 
 
@@ -125,7 +131,8 @@ def changed_keys(saved_yaml: str, cfg) -> list[tuple[str, object, object]]:
         if (default := _schema_default(key, cfg)) is not _ABSENT:
             old[key] = default
 
-    keys = sorted(k for k in set(old) | set(new) if _numeric(k, cfg))
+    saved = OmegaConf.create(saved_yaml)  # a key of the saved run's option alone (its kernel) has its say too
+    keys = sorted(k for k in set(old) | set(new) if _numeric(k, cfg) and _numeric(k, saved))
     return [(k, old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
 
 
