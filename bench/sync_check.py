@@ -2,8 +2,8 @@
 
 A host read of a GPU value inside a step (`.item()`, a Python `if` on a tensor, a copy to the
 CPU) stalls the GPU queue once per step; in sync-debug mode it raises at the line that does it.
-The loop's own steps run as a run runs them (fp16 autocast and GradScaler, the fused optimizer,
-the non-finite check, the meter), on a batch already on the GPU; steps 1-3 warm up (cuDNN's
+The loop's own steps (loop.short_run: fp16 autocast and GradScaler, the fused optimizer, the
+non-finite check, the meter), on a batch already on the GPU; steps 1-3 warm up (cuDNN's
 choices, the scaler's first scale) and the epoch's end, which reads its counts once, runs with
 the mode off again. `python -m bench.sync_check` exits 1 naming the line of the first sync.
 """
@@ -18,10 +18,8 @@ import turbotrain.options  # noqa: F401  (fills the option registries)
 from bench.common import ROOT
 from turbotrain.config import register_configs
 from turbotrain.models import build_model
-from turbotrain.train.loop import TrainState, train_one_epoch
-from turbotrain.train.optim import build_optimizer
+from turbotrain.train.loop import TrainState, short_run
 from turbotrain.train.precision import build_precision
-from turbotrain.train.tracking import Tracker
 
 
 def run(steps: int = 20, batch: int = 64, size: int = 64) -> None:
@@ -37,21 +35,8 @@ def run(steps: int = 20, batch: int = 64, size: int = 64) -> None:
     def on_step(state: TrainState) -> None:
         torch.cuda.set_sync_debug_mode("error" if 3 <= state.global_step < steps - 1 else "default")
 
-    tracker = Tracker(".", enabled=False, logger_cfg=cfg.logger, config={})
-    optimizer, precision = build_optimizer(model, cfg.optim), build_precision(cfg.precision, device)
-    train_one_epoch(
-        model,
-        loader,
-        optimizer,
-        None,
-        precision,
-        TrainState(),
-        trainer_cfg=cfg.trainer,
-        device=device,
-        tracker=tracker,
-        batches_in_epoch=steps,
-        on_step=on_step,
-    )
+    precision = build_precision(cfg.precision, device)
+    short_run(model, loader, cfg, device=device, precision=precision, batches=steps, on_step=on_step)
     print(f"sync check: no host sync in training steps 4-{steps - 1} (resnet18, fp16 + GradScaler, fused SGD)")
 
 

@@ -230,12 +230,17 @@ runpy.run_path("train.py", run_name="__main__")
 """
 
 
-def test_out_of_memory_in_a_step_is_one_line_naming_the_keys(tmp_path):
+def _one_line_error(fault: str, tmp_path) -> str:
+    """The last stderr line of a TINY train.py run with `fault` injected (exit 2, no traceback)."""
     args = [*TINY, "trainer.max_epochs=1", f"hydra.run.dir={tmp_path}"]
-    r = subprocess.run([sys.executable, "-c", OOM_AT_THIRD_LOSS, *args], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", fault, *args], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
-    last = r.stderr.strip().splitlines()[-1]
+    return r.stderr.strip().splitlines()[-1]
+
+
+def test_out_of_memory_in_a_step_is_one_line_naming_the_keys(tmp_path):
+    last = _one_line_error(OOM_AT_THIRD_LOSS, tmp_path)
     assert last.startswith("error: out of memory: lower data.batch_size") and "Tried to allocate 20.00 GiB" in last
     for key in ("trainer.grad_accum_steps", "precision=amp", "attention.checkpointing"):
         assert key in last
@@ -253,11 +258,7 @@ runpy.run_path("train.py", run_name="__main__")
 
 
 def test_a_full_disk_is_one_line_naming_the_file(tmp_path):
-    args = [*TINY, "trainer.max_epochs=1", f"hydra.run.dir={tmp_path}"]
-    r = subprocess.run([sys.executable, "-c", METRICS_ON_A_FULL_DISK, *args], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert "Traceback" not in r.stderr, r.stderr[-2000:]
-    last = r.stderr.strip().splitlines()[-1]
+    last = _one_line_error(METRICS_ON_A_FULL_DISK, tmp_path)
     assert last.startswith("error: no space left on the device writing /dev/full:"), last
     assert "hydra.run.dir" in last and "data.cache_dir" in last
 
