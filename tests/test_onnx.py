@@ -97,7 +97,8 @@ def test_a_text_model_exports_with_free_batch_and_length(tmp_path):
     out = run / "export" / "onnx_int8"
     report = json.loads((out / "report.json").read_text())
     assert report["quantized_ops"].get("DynamicQuantizeLinear", 0) + report["quantized_ops"].get("MatMulInteger", 0) > 0
-    assert (out / "tokenizer").is_dir() and "AutoTokenizer" in (out / "README.txt").read_text()
+    readme = (out / "README.txt").read_text()
+    assert (out / "tokenizer").is_dir() and "AutoTokenizer" in readme and "max_length=64," in readme
     sess = ox.session(out / "model.onnx", threads=2)
     for batch, length in ((3, 9), (5, 17)):
         ids = torch.randint(1000, 2000, (batch, length))

@@ -140,7 +140,8 @@ def _export_onnx(cfg, model, arch: dict, data, val_loader, tokenizer, export_dir
     spec = report_io.input_spec(arch)
     if tokenizer is not None:  # the graph takes any length up to the trained one
         n = arch["max_length"]
-        spec.update(shape=["N", f"L <= {n}"], preprocessing=f"tokenize with {report_io.TOKENIZER}/, truncation to {n} tokens")
+        how = f"tokenize with {report_io.TOKENIZER}/, truncation to {n} tokens"
+        spec.update(shape=["N", f"L <= {n}"], max_length=n, preprocessing=how)
     report = {
         "deploy": cfg.deploy.name,
         **figures,

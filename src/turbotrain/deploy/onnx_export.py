@@ -155,7 +155,7 @@ def write_readme(export_dir: Path, report: dict) -> None:
         call = (
             "from transformers import AutoTokenizer   # or any tokenizer that reads tokenizer/\n"
             f'tokens = AutoTokenizer.from_pretrained("{spec["tokenizer"]}")(texts, padding=True, truncation=True,\n'
-            f'                                         max_length={spec["shape"][1]}, return_tensors="np")\n'
+            f'                                         max_length={spec["max_length"]}, return_tensors="np")\n'
             'logits = sess.run(["logits"], {"input_ids": tokens["input_ids"].astype("int64"),\n'
             '                               "attention_mask": tokens["attention_mask"].astype("int64")})[0]'
         )
