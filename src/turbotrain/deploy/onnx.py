@@ -13,7 +13,6 @@ because the u8 x s8 multiply-add without VNNI sums pairs into 16 bits and can sa
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -111,11 +110,12 @@ def has_vnni() -> bool:
 
 
 def quantize_image(fp32: Path, out: Path, calib, batches: int, threads: int, example: tuple) -> dict:
-    """Static QDQ INT8 with each activation type; keeps the faster at batch 1 in `out`."""
+    """Static QDQ INT8 with each activation type; keeps the faster at batch 1 in `out`. Its
+    scratch files go beside `out` (the export's temporary dir)."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    work = Path(tempfile.mkdtemp(dir=out.parent))
+    work = out.parent
     pre = work / "pre.onnx"
     quant_pre_process(str(fp32), str(pre))
     reduce_range = not has_vnni()
@@ -138,9 +138,6 @@ def quantize_image(fp32: Path, out: Path, calib, batches: int, threads: int, exa
     timed = interleaved_latency_ms({k: (lambda *a, s=s: run(s, a, False)) for k, s in sessions.items()}, first, repeats=10)
     best = min(timed, key=timed.get)
     candidates[best].replace(out)
-    for p in work.iterdir():
-        p.unlink()
-    work.rmdir()
     return {"activation_weight_types": best, "candidates_ms": timed, "reduce_range": reduce_range}
 
 
@@ -153,10 +150,9 @@ def quantize_text(fp32: Path, out: Path) -> dict:
     # onnx 1.23 / onnxruntime 1.31): drop them, and the quantizer infers its own
     graph = onnx.load(str(fp32))
     del graph.graph.value_info[:]
-    bare = out.with_name("bare.onnx")
+    bare = out.with_name("bare.onnx")  # beside `out`, in the export's temporary dir
     onnx.save(graph, str(bare))
     quantize_dynamic(str(bare), str(out), weight_type=QuantType.QInt8)
-    bare.unlink()
     return {"activation_weight_types": "dynamic u8 activations, s8 weights", "reduce_range": False}
 
 

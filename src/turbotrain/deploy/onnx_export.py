@@ -24,9 +24,12 @@ from turbotrain.core.errors import UserError
 from turbotrain.core.timing import interleaved_latency_ms
 from turbotrain.deploy import onnx as ox
 from turbotrain.deploy.quantize import BACKEND, DEPLOY, quantize_for
-from turbotrain.deploy.script import convert, frozen, state_dict_mb
+from turbotrain.deploy.script import KeywordInputs, convert, frozen, state_dict_mb
+from turbotrain.train.evaluation import evaluate
+from turbotrain.train.precision import FP32_CPU
 
 log = logging.getLogger("turbotrain")
+CPU = torch.device("cpu")
 
 FRESH = """
 import sys
@@ -53,17 +56,21 @@ def fresh_process_logits(path: Path, args: tuple, text: bool) -> np.ndarray:
         return np.load(out)
 
 
-@torch.no_grad()
-def accuracy(logits_of, val_loader, text: bool, limit: int | None) -> tuple[float, int]:
-    """Top-1 of `logits_of(positional arguments) -> numpy logits` over the validation batches."""
-    correct = seen = 0
-    for i, (inputs, labels) in enumerate(val_loader):
-        if limit is not None and i >= limit:
-            break
-        logits = np.asarray(logits_of(positional(inputs, text)))
-        correct += int((logits.argmax(-1) == labels.numpy()).sum())
-        seen += len(labels)
-    return correct / max(seen, 1), seen
+class SessionLogits:
+    """An ONNX Runtime session called as the training loop's evaluate calls a model: images
+    positionally, text batches as keywords; logits as a tensor."""
+
+    def __init__(self, sess, text: bool):
+        self.sess, self.text = sess, text
+
+    def __call__(self, *images, **text_inputs) -> torch.Tensor:
+        args = (text_inputs["input_ids"], text_inputs["attention_mask"]) if self.text else images
+        return torch.from_numpy(ox.run(self.sess, args, self.text))
+
+
+def top1(model, val_loader, limit: int | None) -> dict:
+    """evaluate()'s figures (acc1, samples) on the validation split, in fp32 on the CPU."""
+    return evaluate(model, val_loader, device=CPU, precision=FP32_CPU, max_batches=limit)
 
 
 def parity_batches(val_loader, text: bool) -> list[tuple]:
@@ -118,9 +125,9 @@ def export_onnx(cfg, model: nn.Module, arch: dict, data, loaders: tuple, export_
         if not np.allclose(fresh_process_logits(out, example, text), here, atol=1e-5):
             raise UserError(f"deploy: {out.name} gives other logits in a fresh process than here")
         limit = cfg.deploy.val_batches
-        acc, samples = accuracy(lambda a: ox.run(artifact, a, text), val_loader, text, limit)
-        onnx_fp32_acc, _ = accuracy(lambda a: ox.run(fp32, a, text), val_loader, text, limit)
-        eager_acc, _ = accuracy(lambda a: model(*a).numpy(), val_loader, text, limit)
+        acc = top1(SessionLogits(artifact, text), val_loader, limit)
+        onnx_fp32 = top1(SessionLogits(fp32, text), val_loader, limit) if int8 else acc  # fp32: the same graph
+        eager = top1(KeywordInputs(model) if text else model, val_loader, limit)
         ts = torchscript_int8(model, arch["kind"], calib, inputs, example, cfg.deploy.calibration_batches)
         sessions = {"artifact": artifact, "onnx_fp32": fp32} if int8 else {"artifact": artifact}
         timed = latencies(model, sessions, ts, example, text, cfg.deploy.latency_repeats)
@@ -134,10 +141,10 @@ def export_onnx(cfg, model: nn.Module, arch: dict, data, loaders: tuple, export_
             "size_mb": out.stat().st_size / 2**20,
             "fp32_size_mb": state_dict_mb(model),
             "onnx_fp32_size_mb": (out if not int8 else fp32_path).stat().st_size / 2**20,
-            "val_acc1": acc,
-            "onnx_fp32_val_acc1": onnx_fp32_acc,
-            "fp32_val_acc1": eager_acc,
-            "val_samples": samples,
+            "val_acc1": acc["acc1"],
+            "onnx_fp32_val_acc1": onnx_fp32["acc1"],
+            "fp32_val_acc1": eager["acc1"],
+            "val_samples": acc["samples"],
             "fp32_max_abs_diff": diff,
             "parity_tolerance": ox.PARITY_ATOL,
             "threads": threads,
