@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from turbotrain.core.atomic import atomic_write_text
+from turbotrain.core.cpu import cpu_flags
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,11 +26,7 @@ ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8") 
 
 def cpu_isa() -> list[str]:
     """The vector and matrix instruction sets of ISA that this CPU has (Linux)."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return []
-    return [f for f in ISA if f in flags]
+    return [f for f in ISA if f in (cpu_flags() or ())]
 
 
 def hardware() -> dict:

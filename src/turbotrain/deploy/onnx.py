@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from turbotrain.core.cpu import cpu_flags
 from turbotrain.core.errors import UserError
 from turbotrain.core.timing import interleaved_latency_ms
 
@@ -102,11 +103,7 @@ class _Calibration:
 
 
 def has_vnni() -> bool:
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return False
-    return any(f in flags for f in VNNI)
+    return any(f in (cpu_flags() or ()) for f in VNNI)
 
 
 def quantize_image(fp32: Path, out: Path, calib, batches: int, threads: int, example: tuple) -> dict:

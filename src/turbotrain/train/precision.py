@@ -11,14 +11,13 @@ fp32 -> nothing; `precision.tf32` allows TF32 matmuls/convs on CUDA.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from turbotrain.core.cpu import cpu_flags
 from turbotrain.core.registry import Registry
 from turbotrain.core.schema import POSITIVE, ConfigError, setting
 
@@ -51,13 +50,9 @@ def native_bf16_cpu() -> bool:
     return forced == "1" if forced else _cpu_flags_have_bf16()
 
 
-@functools.cache
 def _cpu_flags_have_bf16() -> bool:
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return True
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    flags = cpu_flags()
+    return flags is None or bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})  # unknown: assumed
 
 
 FP32_CPU = Precision("fp32", "cpu", None, None)  # reference evaluations (export, compression)
