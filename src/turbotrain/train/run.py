@@ -200,17 +200,15 @@ class Run:
             if self.saved_at != (state.global_step, state.batch_in_epoch):
                 self.save()  # the epoch's training, before validation can fail or be killed
             epoch_done = state.batch_in_epoch >= p.loaders.batches_in_epoch
-            if not self._validation_due(epoch_done):
-                self.stop_if_asked()
-                state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-                self.save()
-                continue
-            val = self._validate(stats)
+            val = self._validate(stats) if self._validation_due(epoch_done) else None
+            if val is None:
+                self.stop_if_asked()  # what _validate checks, for an epoch without validation
             if epoch_done:
                 state.epoch += 1
                 state.batch_in_epoch = 0
-            improved = val["acc1"] > state.best_val_acc1
-            state.best_val_acc1 = max(state.best_val_acc1, val["acc1"])
+            improved = val is not None and val["acc1"] > state.best_val_acc1
+            if improved:
+                state.best_val_acc1 = val["acc1"]
             self.save(best=improved)
         prune.make_permanent(p.model)
         self.tracker.summary(summary_of(self))
