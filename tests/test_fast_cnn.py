@@ -14,7 +14,7 @@ from test_train import Interrupted, assert_same_run, interrupt_after_save
 from turbotrain.core import checkpoint as ckpt_io
 from turbotrain.data import build_data
 from turbotrain.models import build_for, build_model
-from turbotrain.models.whitening import EPS, PatchWhitening
+from turbotrain.models.whitening import EPS, PatchWhitening, fit_whitening
 from turbotrain.train.run import train
 
 FAST = ("data=digits", "model=fast_cnn", "model.widths=[8,16]", "trainer.progress_bar=false", "trainer.max_epochs=2")
@@ -43,7 +43,9 @@ def test_patch_whitening_decorrelates_the_patches_it_was_fitted_on():
 def test_a_fast_cnn_run_keeps_its_fitted_filters_and_resumes_bit_for_bit(tmp_path, monkeypatch):
     cfg = make_cfg(*FAST)
     train(cfg, tmp_path / "full")
-    fitted_model = build_for(cfg.model, build_data(cfg.data), None, 0)  # built as a run builds it
+    data = build_data(cfg.data)
+    fitted_model = build_for(cfg.model, data, None, 0)  # built and fitted as a fresh run does it
+    fit_whitening(fitted_model, data)
     fitted = fitted_model[0]
     trained = ckpt_io.load(tmp_path / "full" / "checkpoints" / "last.pt")["model"]
     assert torch.equal(trained["0.conv.weight"], fitted.conv.weight)

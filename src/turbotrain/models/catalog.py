@@ -10,7 +10,6 @@ from torch import nn
 from turbotrain.core.checkpoint_trust import UntrustedCheckpoint, register_arch_check
 from turbotrain.core.registry import Registry
 from turbotrain.core.schema import UNIT_HALF_OPEN, setting
-from turbotrain.models.whitening import fit_whitening
 
 MODELS = Registry("model")
 
@@ -49,14 +48,4 @@ def build_for(model_cfg, data, tokenizer, max_length: int) -> nn.Module:
     """The configured model for `data` (a DataBundle); refuses a model for the other kind of data."""
     option = MODELS.check_fits(model_cfg, data.kind)
     shape = Shape(data.num_classes, data.in_channels, max_length, len(tokenizer) if tokenizer is not None else 0)
-    model = option.build(model_cfg, shape)
-    fit_whitening(model, lambda n: _training_images(data, n))
-    return model
-
-
-def _training_images(data, n: int):
-    """n training images spread evenly through the set (a folder's are sorted by class), as the
-    model sees them in validation: resized and normalized, unaugmented."""
-    dataset = data.train_eval if data.train_eval is not None else data.train
-    stride = max(1, len(dataset) // n)
-    return data.collate([dataset[i] for i in range(0, len(dataset), stride)][:n])[0]
+    return option.build(model_cfg, shape)

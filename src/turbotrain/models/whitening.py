@@ -12,8 +12,6 @@ fast_cnn's step, at the same accuracy as a trained bias).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
@@ -43,11 +41,20 @@ class PatchWhitening(nn.Module):
         return self.conv(x)
 
 
-def fit_whitening(model: nn.Module, images: Callable[[int], torch.Tensor]) -> None:
+def fit_whitening(model: nn.Module, data) -> None:
     """Fit every PatchWhitening of `model` (its first layer: it sees the input images) on
-    `images(n)`, n training images. Does nothing, and draws no images, for other models."""
+    FIT_IMAGES training images of `data` (a DataBundle). Does nothing, and reads no image, for
+    other models."""
     layers = [m for m in model.modules() if isinstance(m, PatchWhitening)]
     if layers:
-        batch = images(FIT_IMAGES)
+        batch = _training_images(data, FIT_IMAGES)
         for layer in layers:
             layer.fit(batch)
+
+
+def _training_images(data, n: int) -> torch.Tensor:
+    """n training images spread evenly through the set (a folder's are sorted by class), as the
+    model sees them in validation: resized and normalized, unaugmented."""
+    dataset = data.train_eval if data.train_eval is not None else data.train
+    stride = max(1, len(dataset) // n)
+    return data.collate([dataset[i] for i in range(0, len(dataset), stride)][:n])[0]

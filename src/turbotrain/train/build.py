@@ -82,7 +82,7 @@ def build(
         data, model = _data_and_model(cfg)
     if resume_ckpt is not None:
         check_data(resume_ckpt, data, resume_path, cfg.trainer.resume_strict)
-    initial_weights(model, cfg, resume_ckpt, resume_path)
+    initial_weights(model, cfg, data, resume_ckpt, resume_path)
     loaders = _loaders(cfg, data, info, device)
     compression = apply_surgery(cfg, model, data.kind, loaders.train, loaders.val, resume_ckpt is not None, stop)
     params, flops = sum(p.numel() for p in model.parameters()), count_flops(model, _flop_example(data))

@@ -14,6 +14,7 @@ from turbotrain.core import checkpoint as ckpt_io
 from turbotrain.core.modules import forward
 from turbotrain.models import load_weights
 from turbotrain.models.attention.options import apply_attention
+from turbotrain.models.whitening import fit_whitening
 from turbotrain.train.evaluation import evaluate
 from turbotrain.train.loop import short_run
 from turbotrain.train.precision import FP32_CPU
@@ -22,14 +23,19 @@ from turbotrain.train.preemption import StopFlag
 log = logging.getLogger("turbotrain")
 
 
-def initial_weights(model: nn.Module, cfg, resume_ckpt: dict | None, resume_path: Path | None) -> None:
+def initial_weights(model: nn.Module, cfg, data, resume_ckpt: dict | None, resume_path: Path | None) -> None:
+    """A resumed run's weights, compression.from_run's, or a fresh model's with its data-fitted
+    layers (models/whitening.py) fitted on `data`'s training images."""
     if resume_ckpt is not None:
         load_weights(model, resume_ckpt, resume_path)
-    elif cfg.compression.from_run:
+        return
+    if cfg.compression.from_run:
         path = Path(cfg.compression.from_run).expanduser() / "checkpoints" / "best.pt"
         load_weights(model, ckpt_io.load(path), path, averaged=True)
         log.info("compression.from_run: starting from %s", path)
-    elif COMPRESSION.of(cfg.compression).traits.get("ranks_weights") and not cfg.model.pretrained:
+        return
+    fit_whitening(model, data)  # a fresh model: nothing saved replaces it
+    if COMPRESSION.of(cfg.compression).traits.get("ranks_weights") and not cfg.model.pretrained:
         log.warning(
             "compression=%s ranks the weights of a model that was never trained (random weights say nothing about "
             "which channels matter): train first and set compression.from_run=<run dir>, or use model.pretrained=true",
