@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench.common import RESULTS, ROOT, write
+from bench.common import RESULTS, train_py, write
 
 TARGET = 0.915  # the speedrun's target: Fashion-MNIST test top-1
 LONG_TARGET = 0.93  # the longer recipe's, within the default recipe's wall time
@@ -43,15 +40,9 @@ ABLATION_SEEDS = 2
 def timed_run(overrides: list[str], seed: int) -> dict:
     """One `python train.py` in a fresh process: its wall time, and each validation's top-1
     with the seconds since the command started."""
-    with tempfile.TemporaryDirectory() as tmp:
-        args = [sys.executable, "train.py", *overrides, f"trainer.seed={seed}", f"hydra.run.dir={tmp}"]
-        started, t0 = time.time(), time.perf_counter()
-        done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        if done.returncode != 0:
-            raise RuntimeError(f"train.py {' '.join(overrides)} failed:\n{done.stderr[-2000:]}")
-        events = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
-        summary = json.loads((Path(tmp) / "summary.json").read_text())
+    started, t0 = time.time(), time.perf_counter()
+    events, summary = train_py(*overrides, f"trainer.seed={seed}")
+    wall = time.perf_counter() - t0  # the process, plus reading back two small files
     vals = [{"s": e["time"] - started, "acc1": e["acc1"], "step": e["step"]} for e in events if e["split"] == "val"]
     return {
         "seed": seed,
@@ -73,11 +64,11 @@ def run() -> Path:
         for name, (overrides, seeds) in RECIPES.items():
             if seed < seeds:
                 print(f"time_to_accuracy: {name} seed {seed} ...", flush=True)
-                results[name].append(timed_run(["trainer.progress_bar=false", *overrides], seed))
+                results[name].append(timed_run(overrides, seed))
         for name, override in ABLATION.items():
             if seed < ABLATION_SEEDS:
                 print(f"time_to_accuracy: speedrun without {name} seed {seed} ...", flush=True)
-                ablation[name].append(timed_run(["trainer.progress_bar=false", *RECIPES["speedrun"][0], override], seed))
+                ablation[name].append(timed_run([*RECIPES["speedrun"][0], override], seed))
     payload = {
         "target": TARGET,
         "long_target": LONG_TARGET,

@@ -59,9 +59,7 @@ def save_hydra_files(run_dir: Path, cfg, hydra_cfg) -> None:
     holds no run yet. A refused re-run, or a resume, leaves the run's own files as they were (its
     checkpoints and summary record what a resume changed). Written once: by the process that
     launches the workers, or by rank 0 under torchrun."""
-    if in_worker_env() and (os.environ.get(SELF_LAUNCHED) or int(os.environ["RANK"]) != 0):
-        return
-    if run_files(run_dir):
+    if (in_worker_env() and not _noting()) or run_files(run_dir):
         return
     files = {"config.yaml": cfg, "hydra.yaml": hydra_cfg, "overrides.yaml": hydra_cfg.hydra.overrides.task}
     for name, node in files.items():
