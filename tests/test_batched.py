@@ -11,12 +11,13 @@ from torchvision.transforms import v2
 from conftest import make_cfg
 from turbotrain.data import build_data
 from turbotrain.data.batched import batch_pipeline
-from turbotrain.data.loader import EpochSampler, build_loader
+from turbotrain.data.loader import EpochSampler, build_loader, epoch_seed_cell
 
 
 def _batches(cfg, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
     data = build_data(cfg.data)
-    torch.manual_seed(7)  # the augmentation draws come from the global RNG (0 workers)
+    epoch_seed = epoch_seed_cell()
+    epoch_seed.fill_(7)  # each batch's augmentation draws are seeded from it
     loader = build_loader(
         data.train,
         batch_size=64,
@@ -24,7 +25,7 @@ def _batches(cfg, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
         loader_cfg=cfg.loader,
         device=torch.device("cpu"),
         train=True,
-        generator=torch.Generator().manual_seed(1),
+        epoch_seed=epoch_seed,
         collate_fn=data.collate,
     )
     out = []

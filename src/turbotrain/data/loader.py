@@ -100,6 +100,34 @@ class PerSample(Dataset):
         return self.dataset[i]
 
 
+class SeededBatches(Dataset):
+    """Fetches each batch with torch's CPU RNG seeded from the epoch's seed and the batch's first
+    sample (and restored after), so a batch's augmentation depends on (seed, epoch, rank, its
+    samples) alone, not on the process that fetches it nor on what that process fetched before:
+    worker processes, persistent or not and any number of them, give the numbers of none, and a
+    resume at any step draws what the uninterrupted run drew. `epoch_seed`: a one-element shared
+    tensor, read at each batch (persistent workers live across epochs; it is set before each)."""
+
+    def __init__(self, dataset: Dataset, epoch_seed: torch.Tensor):
+        self.dataset, self.epoch_seed = dataset, epoch_seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices: list[int]) -> list:
+        seed = derived_seed(int(self.epoch_seed), indices[0]) % 2**63
+        with torch.random.fork_rng(devices=[]):  # the main process's stream (dropout, mixing) goes on untouched
+            torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that reseeds CUDA too
+            if getattr(self.dataset, "__getitems__", None):
+                return self.dataset.__getitems__(indices)
+            return [self.dataset[i] for i in indices]
+
+
+def epoch_seed_cell() -> torch.Tensor:
+    """The cell SeededBatches reads: in shared memory, so worker processes see each epoch's value."""
+    return torch.zeros((), dtype=torch.int64).share_memory_()
+
+
 @dataclass
 class LoaderConfig:
     name: str = "default"
@@ -127,24 +155,24 @@ def build_loader(
     loader_cfg,
     device: torch.device,
     train: bool,
-    generator: torch.Generator | None = None,
+    epoch_seed: torch.Tensor | None = None,
     collate_fn=None,
 ) -> DataLoader:
-    """`generator` seeds the workers; a loader without one draws that seed from the global
-    RNG each time it is iterated, which would shift dropout/augmentation randomness
-    between an uninterrupted run and one resumed mid-epoch."""
+    """With `epoch_seed` (an epoch_seed_cell), batches are fetched through SeededBatches."""
     return LOADERS.of(loader_cfg).build(
-        dataset, batch_size, sampler, loader_cfg, device, train, generator=generator, collate_fn=collate_fn
+        dataset, batch_size, sampler, loader_cfg, device, train, epoch_seed=epoch_seed, collate_fn=collate_fn
     )
 
 
 @LOADERS.register("default", LoaderConfig)
 @LOADERS.register("tuned", TunedLoaderConfig)
-def torch_loader(dataset, batch_size, sampler, loader_cfg, device, train, *, generator, collate_fn) -> DataLoader:
+def torch_loader(dataset, batch_size, sampler, loader_cfg, device, train, *, epoch_seed, collate_fn) -> DataLoader:
     """torch's DataLoader with the configured workers (loader=tuned: also timed at start, see autotune)."""
     workers = int(loader_cfg.num_workers)
     if not loader_cfg.batched and getattr(dataset, "__getitems__", None):
         dataset = PerSample(dataset)
+    if epoch_seed is not None:
+        dataset = SeededBatches(dataset, epoch_seed)
     pin = loader_cfg.pin_memory if loader_cfg.pin_memory is not None else device.type == "cuda"
     kwargs = {}
     if workers > 0:
@@ -162,7 +190,9 @@ def torch_loader(dataset, batch_size, sampler, loader_cfg, device, train, *, gen
         num_workers=workers,
         pin_memory=bool(pin),
         drop_last=train,  # equal micro-batches make gradient-accumulation scaling exact
-        generator=generator if generator is not None else torch.Generator().manual_seed(0),
+        # the workers' base seed; without a generator it is drawn from the global RNG at each
+        # iteration, shifting the main process's stream (dropout, mixing) between runs and resumes
+        generator=torch.Generator().manual_seed(0),
         collate_fn=collate_fn,
         **kwargs,
     )

@@ -19,7 +19,7 @@ from turbotrain.compression import COMPRESSION
 from turbotrain.core.modules import count_flops
 from turbotrain.core.schema import ConfigError
 from turbotrain.data import DataBundle, build_data
-from turbotrain.data.loader import EpochSampler, build_loader
+from turbotrain.data.loader import EpochSampler, build_loader, epoch_seed_cell
 from turbotrain.data.mixing import build_mix
 from turbotrain.data.resolution import Resolution, warn_if_maps_collapse
 from turbotrain.models import build_for, build_tokenizer_for
@@ -40,7 +40,7 @@ log = logging.getLogger("turbotrain")
 @dataclass
 class Loaders:
     sampler: EpochSampler
-    rng: torch.Generator  # seeds the training loader's workers, per epoch and rank
+    epoch_seed: torch.Tensor  # seeds each training batch's augmentation (SeededBatches), set per epoch and rank
     train: torch.utils.data.DataLoader
     val: torch.utils.data.DataLoader
     batches_in_epoch: int
@@ -156,15 +156,15 @@ def _loaders(cfg, data: DataBundle, info: dist.DistInfo, device: torch.device) -
     batches_in_epoch = min(full_batches, tc.limit_train_batches or full_batches)
     steps_per_epoch = math.ceil(batches_in_epoch / tc.grad_accum_steps)
     total_steps = int(min(tc.max_epochs * steps_per_epoch, tc.max_steps or math.inf))
-    rng = torch.Generator()
+    epoch_seed = epoch_seed_cell()
     loader_cfg = cfg.loader
     if data.batches_on_device:  # CUDA tensors cannot come from worker processes, nor be pinned
         loader_cfg = OmegaConf.merge(cfg.loader, {"num_workers": 0, "pin_memory": False, "auto_workers": False})
     common = {"loader_cfg": loader_cfg, "device": device, "collate_fn": data.collate}
-    train = build_loader(data.train, batch_size=batch, sampler=sampler, train=True, generator=rng, **common)
+    train = build_loader(data.train, batch_size=batch, sampler=sampler, train=True, epoch_seed=epoch_seed, **common)
     val_sampler = EpochSampler(len(data.val), 0, shuffle=False, rank=info.rank, world_size=info.world_size, pad=False)
     val = build_loader(data.val, batch_size=cfg.data.eval_batch_size or 2 * batch, sampler=val_sampler, train=False, **common)
-    return Loaders(sampler, rng, train, val, batches_in_epoch, steps_per_epoch, total_steps)
+    return Loaders(sampler, epoch_seed, train, val, batches_in_epoch, steps_per_epoch, total_steps)
 
 
 def _resolution(cfg, data: DataBundle, model: nn.Module, total_steps: int) -> Resolution | None:
@@ -201,7 +201,7 @@ def _placed(cfg, model: nn.Module, info: dist.DistInfo, device: torch.device) ->
     """The model on its device and memory format; what runs the steps: compiled, DDP-wrapped."""
     tc = cfg.trainer
     if info.enabled:
-        torch.manual_seed(tc.seed + info.rank)  # same init everywhere, own dropout/augment stream per rank
+        torch.manual_seed(tc.seed + info.rank)  # same init everywhere (broadcast by DDP), own dropout stream per rank
     model.to(device)
     if tc.channels_last:
         model.to(memory_format=torch.channels_last)

@@ -228,8 +228,8 @@ class Run:
     def _train_epoch(self) -> dict:
         tc, p, state, info = self.cfg.trainer, self.p, self.state, self.info
         p.loaders.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * self.cfg.data.batch_size)
-        # own worker seeds per rank: ranks must not share one augmentation stream
-        p.loaders.rng.manual_seed(derived_seed(tc.seed, state.epoch + 1, info.rank))
+        # an augmentation stream per epoch and rank: ranks must not share one
+        p.loaders.epoch_seed.fill_(derived_seed(tc.seed, state.epoch + 1, info.rank))
         stats = train_one_epoch(
             p.train_model,
             p.loaders.train,
