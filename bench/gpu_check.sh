@@ -23,6 +23,23 @@ s = json.load(open(sys.argv[1]))
 print({k: s[k] for k in ("device", "world_size", "precision", "samples_per_s", "peak_mem_mb", "skipped_steps")})
 PY
 
+echo "== 1a. distributed.sync_bn=true in 2 processes against 1 process on the same global batch (needs 2 GPUs)"
+if [ "$ngpu" -ge 2 ]; then
+  same="data=synthetic data.image_size=64 data.num_samples=1280 model=resnet18 precision=fp32 trainer.max_epochs=1 trainer.progress_bar=false"
+  timeout 120 python train.py $same data.batch_size=32 distributed=ddp distributed.nproc=2 distributed.sync_bn=true \
+      hydra.run.dir="$run_dir/sync_bn"
+  timeout 120 python train.py $same data.batch_size=64 hydra.run.dir="$run_dir/one_process"
+  python - "$run_dir/sync_bn" "$run_dir/one_process" <<'PY'
+import sys, torch
+a, b = (torch.load(f"{d}/checkpoints/last.pt", weights_only=True)["model"] for d in sys.argv[1:])
+worst = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+# BN statistics over the global batch: the weights must match up to float summation order
+print(f"sync_bn: largest weight difference to 1 process {worst:.2e}:", "ok" if worst < 1e-3 else "FAILED")
+PY
+else
+  echo "sync_bn: skipped, this machine has $ngpu GPU (NCCL puts one rank on each)"
+fi
+
 echo "== 1b. no host sync inside a training step (torch.cuda.set_sync_debug_mode('error'))"
 timeout 120 python -m bench.sync_check || echo "sync check: FAILED (the traceback names the line that syncs)"
 
