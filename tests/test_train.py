@@ -87,13 +87,19 @@ def test_worker_processes_give_the_in_process_numbers_and_resume_exactly(tmp_pat
     persistent workers give the numbers of no workers, and a resume with them mid-way through
     the second epoch (fresh workers, where the uninterrupted run's have drawn since epoch 0)
     equals the uninterrupted run."""
-    common = (*TINY, "trainer.max_epochs=2", "trainer.checkpoint_every_n_steps=5", "data.augment=[{name:RandomHorizontalFlip}]")
+    common = (
+        *TINY,
+        "trainer.max_epochs=2",
+        "trainer.limit_train_batches=6",
+        "trainer.checkpoint_every_n_steps=3",
+        "data.augment=[{name:RandomHorizontalFlip}]",
+    )
     workers = ("loader.num_workers=2", "loader.persistent_workers=true")
     train(make_cfg(*common), tmp_path / "in_process")
     train(make_cfg(*common, *workers), tmp_path / "full")
     assert_same_run(tmp_path / "in_process", tmp_path / "full")
     with monkeypatch.context() as m:
-        interrupt_after_save(m, lambda c: c["state"]["global_step"] == 30)
+        interrupt_after_save(m, lambda c: c["state"]["global_step"] == 9)
         with pytest.raises(Interrupted):
             train(make_cfg(*common, *workers), tmp_path / "split")
     train(make_cfg(*common, *workers, "trainer.resume=auto"), tmp_path / "split")
