@@ -97,6 +97,11 @@ def test_a_text_model_exports_with_free_batch_and_length(tmp_path):
     out = run / "export" / "onnx_int8"
     report = json.loads((out / "report.json").read_text())
     assert report["quantized_ops"].get("DynamicQuantizeLinear", 0) + report["quantized_ops"].get("MatMulInteger", 0) > 0
+    import onnx
+
+    graph = onnx.load(str(out / "model.onnx")).graph
+    tables = [t for t in graph.initializer if "word_embeddings" in t.name and len(t.dims) == 2]  # not its scale
+    assert len(tables) == 1 and tables[0].data_type in (onnx.TensorProto.UINT8, onnx.TensorProto.INT8)  # 8-bit too
     readme = (out / "README.txt").read_text()
     assert (out / "tokenizer").is_dir() and "AutoTokenizer" in readme and "max_length=64," in readme
     sess = ox.session(out / "model.onnx", threads=2)

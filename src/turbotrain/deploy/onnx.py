@@ -4,7 +4,8 @@ The graph is exported from an example batch of two (a batch of one would special
 dimension) with the batch, and for text the sequence, as dynamic dimensions. INT8 is ONNX
 Runtime's own quantization of that graph: CNNs static, in QDQ format, per-channel weights,
 calibrated on training images after `quant_pre_process`; transformers dynamic (weights of the
-MatMul/Gemm layers in INT8, activations quantized per call, as their ranges vary per input).
+MatMul/Gemm layers in INT8, activations quantized per call, as their ranges vary per input; the
+embedding tables, most of a small BERT's weights, stored in 8 bits with one scale per table).
 The activation type of static INT8 is timed per CPU (u8 or s8: which kernel is faster depends
 on the CPU) and the faster kept; on CPUs without VNNI the weights use 7 bits (`reduce_range`),
 because the u8 x s8 multiply-add without VNNI sums pairs into 16 bits and can saturate.
@@ -150,7 +151,7 @@ def quantize_text(fp32: Path, out: Path) -> dict:
     bare = out.with_name("bare.onnx")  # beside `out`, in the export's temporary dir
     onnx.save(graph, str(bare))
     quantize_dynamic(str(bare), str(out), weight_type=QuantType.QInt8)
-    return {"activation_weight_types": "dynamic u8 activations, s8 weights", "reduce_range": False}
+    return {"activation_weight_types": "dynamic u8 activations, s8 weights, u8 embedding tables", "reduce_range": False}
 
 
 def quantized_ops(path: Path) -> dict[str, int]:
