@@ -23,7 +23,9 @@ def interleaved_latency_ms(
     """Median ms per call of each fn. Candidates alternate block by block (A, B, A, B...)
     so drifts of a shared machine hit them alike; a block repeats one fn for ~block_s,
     because alternating single sub-millisecond calls measures cache thrash, not the model.
-    A tuple `example` is passed as positional arguments."""
+    A block's first call is not timed: it pays for the previous candidate's caches and for its
+    threads still spinning after their last call (OpenMP's, ONNX Runtime's), which on a small
+    CPU hold the cores this call needs. A tuple `example` is passed as positional arguments."""
     args = example if isinstance(example, tuple) else (example,)
     inner = {}
     for name, fn in fns.items():
@@ -35,6 +37,7 @@ def interleaved_latency_ms(
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            fn(*args)
             t0 = time.perf_counter()
             for _ in range(inner[name]):
                 fn(*args)
