@@ -14,6 +14,7 @@ BENCHES = {  # CPU sizes: minutes each on 2 cores
     "precision": ("train_speed", "precision_channels_last", {}),
     "text_precision": ("train_speed", "text_precision", {}),
     "inference": ("inference", "run", {}),
+    "deploy_onnx": ("deploy_onnx", "run", {}),  # reads (or trains) runs of the recipes bench
     "loader": ("loader", "run", {}),
     "loader_in_memory": ("loader", "in_memory", {}),
     "loader_in_memory_accuracy": ("loader", "in_memory_accuracy", {}),

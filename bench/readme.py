@@ -81,6 +81,7 @@ def recipes(results: Path) -> str:
 # result file's "bench" -> the function that computes its rows' figures from its raw measurements
 FIGURES = {
     "inference": ("inference", "figures"),
+    "deploy_onnx": ("deploy_onnx", "figures"),
     "prune": ("prune", "figures"),
     "conv_lowrank": ("prune", "figures"),
     "overhead": ("overhead", "figures"),

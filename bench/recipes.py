@@ -60,7 +60,7 @@ REPORT_KEYS = (
 )
 
 
-def _timed(args: list[str]) -> float:
+def timed(args: list[str]) -> float:
     """Run one entry point as a user would; returns its wall time in seconds."""
     start = time.perf_counter()
     done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
@@ -73,9 +73,9 @@ def run_recipe(name: str) -> dict:
     what, overrides = RECIPES[name]
     run_dir = RUNS / name
     shutil.rmtree(run_dir, ignore_errors=True)
-    train_s = _timed(["train.py", "trainer.progress_bar=false", *overrides, f"hydra.run.dir={run_dir}"])
+    train_s = timed(["train.py", "trainer.progress_bar=false", *overrides, f"hydra.run.dir={run_dir}"])
     summary = json.loads((run_dir / "summary.json").read_text())
-    export_s = _timed(["export.py", "deploy=int8", f"run={run_dir}"])
+    export_s = timed(["export.py", "deploy=int8", f"run={run_dir}"])
     report = json.loads((run_dir / "export" / "int8" / "report.json").read_text())
     return {
         "what": what,
