@@ -14,6 +14,7 @@ import torch
 from conftest import make_cfg, run_cli
 from test_export import DIGITS, _eager_and_val
 from turbotrain.deploy import onnx as ox
+from turbotrain.deploy.export import export
 from turbotrain.train.run import train
 
 TEXT = ("data=wordnet", "model=bert_tiny", "optim=adamw", "optim.lr=2e-3", "trainer.channels_last=false")
@@ -23,9 +24,8 @@ TEXT = ("data=wordnet", "model=bert_tiny", "optim=adamw", "optim.lr=2e-3", "trai
 def digits_onnx(tmp_path_factory):
     run = tmp_path_factory.mktemp("outputs") / "train" / "digits"
     train(make_cfg(*DIGITS, "trainer.max_epochs=6"), run)
-    for deploy in ("onnx", "onnx_int8"):
-        r = run_cli("export.py", f"deploy={deploy}", f"run={run}", "deploy.latency_repeats=3")
-        assert r.returncode == 0, r.stderr[-3000:]
+    for deploy in ("onnx", "onnx_int8"):  # in this process: the text test below runs export.py itself
+        export(make_cfg(f"deploy={deploy}", f"run={run}", "deploy.latency_repeats=3", config_name="export"))
     return run
 
 
@@ -86,6 +86,25 @@ def test_the_int8_artifact_runs_where_torch_cannot_be_imported(digits_onnx, tmp_
     assert r.returncode == 0, r.stderr[-2000:]
     here = ox.run(ox.session(path, threads=2), (x[:9],), False)
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), here, atol=1e-5)
+
+
+def test_compressed_runs_export_the_same_way(tmp_path):
+    """A channel-pruned and a conv_lowrank run (rebuilt from their checkpoints) pass the parity
+    check against their own eager model and are quantized."""
+    base = tmp_path / "base"
+    train(make_cfg(*DIGITS, "trainer.max_epochs=2"), base)
+    methods = {
+        "channel_prune": ("compression.steps=2", "compression.finetune_steps=3"),
+        "conv_lowrank": ("compression.rank_ratio=0.25",),
+    }
+    for method, keys in methods.items():
+        run = tmp_path / method
+        train(make_cfg(*DIGITS, "trainer.max_epochs=1", f"compression={method}", f"compression.from_run={base}", *keys), run)
+        export(make_cfg("deploy=onnx_int8", f"run={run}", "deploy.latency_repeats=3", config_name="export"))
+        report = _report(run, "onnx_int8")
+        assert report["fp32_max_abs_diff"] <= ox.PARITY_ATOL, method
+        assert report["quantized_ops"]["QuantizeLinear"] > 0 and report["size_mb"] < report["onnx_fp32_size_mb"], method
+        assert report["fp32_val_acc1"] - report["val_acc1"] <= 0.03, method
 
 
 @pytest.mark.slow  # a text model through the dynamo exporter and dynamic INT8: ~1 minute
