@@ -156,6 +156,7 @@ def _torchrun(args, cwd):
     return subprocess.run([*cmd, str(ROOT / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # ~40 s: two torchrun generations of two workers each
 def test_torchrun_restart_after_rank0_stopped_continues_in_its_dir(tmp_path):
     """torchrun --max-restarts=1: rank 0 alone is stopped at a known step (it exits through Python,
     as on an error of its own); the restarted group continues the same run dir from last.pt."""

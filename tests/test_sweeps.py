@@ -50,6 +50,7 @@ def test_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert "must be > 0" in (sweep / "sweep_summary.md").read_text()
 
 
+@pytest.mark.slow  # ~25 s: submitit's local launcher starts a process per job
 def test_submitit_runs_each_job_in_a_process_of_its_own(tmp_path):
     """The SLURM path through Hydra's submitit launcher, for real on this machine
     (hydra/launcher=submitit_local): each job runs train.py's main in a fresh process, which must
