@@ -135,10 +135,9 @@ def _export_onnx(cfg, model, arch: dict, data, val_loader, tokenizer, export_dir
     calib = _loader(data.train_eval, 32, shuffle=True, collate=data.collate)
     with quiet_deprecations():  # the TorchScript INT8 it is timed against
         figures = export_onnx(cfg, model, arch, data, (val_loader, calib), export_dir)
-    if tokenizer is not None:
-        report_io.save_tokenizer(tokenizer, export_dir / report_io.TOKENIZER)
     spec = report_io.input_spec(arch)
     if tokenizer is not None:  # the graph takes any length up to the trained one
+        report_io.save_tokenizer(tokenizer, export_dir / report_io.TOKENIZER)
         n = arch["max_length"]
         how = f"tokenize with {report_io.TOKENIZER}/, truncation to {n} tokens"
         spec.update(shape=["N", f"L <= {n}"], max_length=n, preprocessing=how)
@@ -152,12 +151,16 @@ def _export_onnx(cfg, model, arch: dict, data, val_loader, tokenizer, export_dir
     }
     report_io.write_json(export_dir, report)
     write_readme(export_dir, report)
+    _log_written(report, export_dir)
+    return export_dir
+
+
+def _log_written(report: dict, export_dir: Path) -> None:
     log.info(
         "%s: %.2f MB (fp32 %.2f MB), %.3f ms vs fp32 eager %.3f ms at batch 1, top-1 %.4f (fp32 %.4f) -> %s",
-        *(cfg.deploy.name, report["size_mb"], report["fp32_size_mb"], report["latency_ms"], report["fp32_latency_ms"]),
+        *(report["deploy"], report["size_mb"], report["fp32_size_mb"], report["latency_ms"], report["fp32_latency_ms"]),
         *(report["val_acc1"], report["fp32_val_acc1"], export_dir),
     )
-    return export_dir
 
 
 def export(cfg) -> Path:
@@ -211,15 +214,5 @@ def export(cfg) -> Path:
         "checkpoint": str(ckpt_path.resolve().relative_to(run_dir.resolve())),
     }
     report_io.write(export_dir, report)
-    log.info(
-        "%s: %.2f MB (fp32 %.2f MB), %.3f ms vs fp32 eager %.3f ms at batch 1, top-1 %.4f (fp32 %.4f) -> %s",
-        cfg.deploy.name,
-        report["size_mb"],
-        report["fp32_size_mb"],
-        report["latency_ms"],
-        report["fp32_latency_ms"],
-        report["val_acc1"],
-        report["fp32_val_acc1"],
-        export_dir,
-    )
+    _log_written(report, export_dir)
     return export_dir

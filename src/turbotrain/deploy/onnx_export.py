@@ -8,7 +8,6 @@ ONNX Runtime fp32, TorchScript INT8 (deploy=int8's path) and the fp32 eager mode
 
 from __future__ import annotations
 
-import json
 import logging
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from turbotrain.core.atomic import atomic_write_text
 from turbotrain.core.errors import UserError
 from turbotrain.core.timing import interleaved_latency_ms
 from turbotrain.deploy import onnx as ox
+from turbotrain.deploy import report as report_io
 from turbotrain.deploy.quantize import BACKEND, DEPLOY, quantize_for
 from turbotrain.deploy.script import KeywordInputs, convert, frozen, state_dict_mb
 from turbotrain.train.evaluation import evaluate
@@ -180,12 +180,5 @@ sess = ort.InferenceSession("model.onnx", providers=["CPUExecutionProvider"])
 {call}
 
 Batch size{" and sequence length" if spec.get("tokenizer") else ""} are free. Input: {spec["preprocessing"]}.
-mean = {spec["mean"]}
-std  = {spec["std"]}
-Output: {spec["output"]}; label names in index order:
-{json.dumps(spec["labels"])}
-
-Validation top-1: {report["val_acc1"]:.4f} (float model: {report["fp32_val_acc1"]:.4f}), {report["val_samples"]} samples.
-Size: {report["size_mb"]:.2f} MB. Latency, batch 1: {report["latency_ms"]:.3f} ms (fp32 eager {report["fp32_latency_ms"]:.3f} ms).
-""",
+{report_io.readme_tail(report)}""",
     )

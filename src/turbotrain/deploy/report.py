@@ -132,11 +132,18 @@ Load it with torch alone (torch {report["torch"]}, quantized engine {BACKEND}):
 {_call(spec)}
 
 Input: {spec["layout"]} {spec["dtype"]}, {spec["preprocessing"]}.
-mean = {spec["mean"]}
+{readme_tail(report)}""",
+    )
+
+
+def readme_tail(report: dict) -> str:
+    """How every export's README.txt ends (TorchScript's and ONNX's): normalization, output and
+    label names, then the verified figures."""
+    spec = report["input"]
+    return f"""mean = {spec["mean"]}
 std  = {spec["std"]}
 Output: {spec["output"]}; label names in index order:
 {json.dumps(spec["labels"])}
 
 {_figures(report)}
-""",
-    )
+"""
