@@ -179,6 +179,6 @@ import onnxruntime as ort
 sess = ort.InferenceSession("model.onnx", providers=["CPUExecutionProvider"])
 {call}
 
-Batch size{" and sequence length" if spec.get("tokenizer") else ""} are free. Input: {spec["preprocessing"]}.
+{"Batch size and sequence length are" if spec.get("tokenizer") else "Batch size is"} free. Input: {spec["preprocessing"]}.
 {report_io.readme_tail(report)}""",
     )
