@@ -1,5 +1,13 @@
 """Train an image or text classifier: `python train.py [group=option ...] [key=value ...]`."""
 
+import gc
+
+# Importing torch, torchvision (torch._dynamo, sympy) and hydra makes ~570,000 objects that live as
+# long as the process. Collecting while they are made, and again at exit, cost ~2 s of every run's
+# wall time: no collections during the imports, and the imported objects frozen out of later ones
+gc.disable()
+# isort: split
+
 import logging
 import sys
 from pathlib import Path
@@ -18,6 +26,8 @@ from turbotrain.train.run import TrainingError, train
 from turbotrain.train.run_dir import note_run_dir, save_hydra_files, torchrun_argv
 
 register_configs()
+gc.freeze()
+gc.enable()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

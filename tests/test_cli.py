@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from conftest import TINY, run_cli
+from conftest import ROOT, TINY, run_cli
 
 
 def test_help_lists_groups():
@@ -12,6 +15,23 @@ def test_help_lists_groups():
     assert r.returncode == 0
     for group in ("data:", "model:", "precision:", "attention:", "compression:", "distributed:", "deploy:"):
         assert group in r.stdout
+
+
+def test_entry_points_freeze_their_imports_and_leave_the_collector_on():
+    """train.py and export.py collect nothing during their imports and freeze what the imports
+    made (no later collection, the exit's included, walks it); the collector is on again after."""
+    code = (
+        "import gc, runpy, sys\n"
+        "for script in sys.argv[1:]:\n"
+        "    gc.unfreeze()\n"
+        "    runpy.run_path(script)\n"
+        "    print(script, gc.isenabled(), gc.get_freeze_count())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, "export.py", "train.py"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for line in r.stdout.splitlines():
+        script, enabled, frozen = line.split()
+        assert enabled == "True" and int(frozen) > 100_000, line  # torch alone makes ~200,000
 
 
 def test_cfg_job_prints_config():
