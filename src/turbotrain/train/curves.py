@@ -48,7 +48,8 @@ def write_curves(run_dir: Path) -> Path:
             ax.set_xlabel("optimizer steps" if x_key == "step" else "seconds since the first event")
             if len(keys) > 1:
                 ax.legend()
-    fig.tight_layout()
+    # fixed margins for this grid: tight_layout measures every label's text, a third of the drawing time
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.06, top=0.96, hspace=0.42, wspace=0.18)
     path = Path(run_dir) / "curves.png"
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=80))
     return path
