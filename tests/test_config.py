@@ -134,6 +134,11 @@ def _quantized(b, name):
     return quantize_for(name, model, "image", calib, torch.randn(4, 3, 32, 32), batches=2)[0]
 
 
+def _fast_cnn(b, widths: list[int], epochs: int) -> bool:
+    convs = [m.out_channels for m in b["model"].modules() if isinstance(m, torch.nn.Conv2d)][1:]  # after the stem
+    return convs == widths and b["cfg"].trainer.max_epochs == epochs
+
+
 def _onnx(b, name) -> bool:
     from turbotrain.deploy.quantize import DEPLOY
 
@@ -200,8 +205,8 @@ SPECIFIC = {
     ("distributed", "none"): lambda b: distributed.setup(b["cfg"].distributed, "cpu")[0].world_size == 1,
     ("distributed", "ddp"): lambda b: (b["cfg"].distributed.nproc, b["cfg"].distributed.backend) == (2, "auto"),
     ("experiment", "resnet18_fashion"): lambda b: "BasicBlock" in _modules(b["model"]) and b["cfg"].data.image_size == 64,
-    ("experiment", "speedrun"): lambda b: type(b["model"]).__name__ == "FastCNN" and b["cfg"].trainer.max_steps == 842,
-    ("experiment", "speedrun_93"): lambda b: type(b["model"]).__name__ == "FastCNN" and b["cfg"].trainer.max_epochs == 6,
+    ("experiment", "speedrun"): lambda b: _fast_cnn(b, [16, 48, 128], epochs=2),
+    ("experiment", "speedrun_93"): lambda b: _fast_cnn(b, [32, 64, 128], epochs=6),
     ("hparams_search", "optuna"): lambda b: "optuna" in _hydra("optuna").sweeper._target_,
     ("hparams_search", "random"): lambda b: (
         lambda h: (h.sweeper.sampler._target_, h.sweeper.sampler.seed) == ("optuna.samplers.RandomSampler", 0)
