@@ -26,6 +26,7 @@ RECIPES = {
     "speedrun_93": (["experiment=speedrun_93"], 3),
 }
 ABLATION = {  # technique -> the override that removes it from the speedrun
+    "narrow first block (widths 16, 48, 128)": "model.widths=[32,64,128]",
     "patch-whitening first layer": "model.whiten=false",
     "label smoothing 0.1": "trainer.label_smoothing=0",
     "flip TTA": "trainer.tta=none",
