@@ -15,7 +15,7 @@ import hydra
 from omegaconf import DictConfig
 
 import turbotrain.options  # noqa: F401  (fills the option registries)
-from turbotrain.config import exit_on_unknown_option, register_configs
+from turbotrain.config import exit_on_help, exit_on_unknown_option, register_configs
 from turbotrain.core.errors import USER_ERRORS, as_disk_full, report
 from turbotrain.deploy.export import export
 
@@ -40,4 +40,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     exit_on_unknown_option(sys.argv[1:], Path(__file__).parent / "conf")
+    exit_on_help(sys.argv[1:], Path(__file__), "export")
     main()

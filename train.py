@@ -18,7 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import turbotrain.options  # noqa: F401  (fills the option registries)
-from turbotrain.config import exit_on_unknown_option, register_configs
+from turbotrain.config import exit_on_help, exit_on_unknown_option, register_configs
 from turbotrain.core.errors import USER_ERRORS, as_disk_full, as_out_of_memory, one_line, report
 from turbotrain.train import sweep
 from turbotrain.train.preemption import Preempted
@@ -62,6 +62,7 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == "__main__":
     exit_on_unknown_option(sys.argv[1:], Path(__file__).parent / "conf")
+    exit_on_help(sys.argv[1:], Path(__file__), "train")
     sys.argv = torchrun_argv(sys.argv)
     main()
     sys.exit(1 if sweep.failed_jobs() else 0)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, TINY, run_cli
+from conftest import CONF, ROOT, TINY, run_cli
+from turbotrain.config import help_text
 
 
 def test_help_lists_groups():
@@ -15,6 +18,29 @@ def test_help_lists_groups():
     assert r.returncode == 0
     for group in ("data:", "model:", "precision:", "attention:", "compression:", "distributed:", "deploy:"):
         assert group in r.stdout
+
+
+def _hydras_help(argv: list[str], config_name: str) -> str:
+    """What Hydra's own `--help` prints (hydra.main's path, in this process)."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path, get_args_parser
+    from hydra.core.global_hydra import GlobalHydra
+
+    parser = get_args_parser()
+    hydra = Hydra.create_main_hydra2(task_name=config_name, config_search_path=create_config_search_path(str(CONF)))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            hydra.app_help(config_name=config_name, args_parser=parser, args=parser.parse_args(argv))
+    finally:
+        GlobalHydra.instance().clear()
+    return out.getvalue()
+
+
+def test_our_help_prints_hydras_text_and_leaves_other_templates_to_hydra():
+    argv = ["--help", "--resolve", "model=resnet18", "trainer.seed=${data.batch_size}"]
+    assert help_text(argv, CONF, "train", job_name="train") + "\n" == _hydras_help(argv, "train")
+    assert help_text(["--help"], CONF, "export", job_name="export") is None  # its template lists config groups
+    assert help_text(["--help", "--cfg", "job"], CONF, "train", job_name="train") is None  # a flag of Hydra's
 
 
 def test_entry_points_freeze_their_imports_and_leave_the_collector_on():

@@ -2,6 +2,7 @@
 validation of a composed config against each selected option's schema."""
 
 from turbotrain.config.command_line import check_group_options, exit_on_unknown_option
+from turbotrain.config.help import exit_on_help, help_text
 from turbotrain.config.schemas import (
     KNOBS,
     NUMERICS_KNOBS,
@@ -21,7 +22,9 @@ __all__ = [
     "TrainConfig",
     "TrainerConfig",
     "check_group_options",
+    "exit_on_help",
     "exit_on_unknown_option",
+    "help_text",
     "register_configs",
     "registries",
 ]
