@@ -36,10 +36,13 @@ def _hydras_help(argv: list[str], config_name: str) -> str:
     return out.getvalue()
 
 
-def test_our_help_prints_hydras_text_and_leaves_other_templates_to_hydra():
+def test_our_help_prints_hydras_text_and_leaves_listings_and_other_flags_to_hydra():
     argv = ["--help", "--resolve", "model=resnet18", "trainer.seed=${data.batch_size}"]
     assert help_text(argv, CONF, "train", job_name="train") + "\n" == _hydras_help(argv, "train")
-    assert help_text(["--help"], CONF, "export", job_name="export") is None  # its template lists config groups
+    argv = ["--help", "deploy=onnx_int8"]
+    assert help_text(argv, CONF, "export", job_name="export") + "\n" == _hydras_help(argv, "export")
+    listing = ["--help", "hydra.help.template=$APP_CONFIG_GROUPS"]  # a template with Hydra's own listing
+    assert help_text(listing, CONF, "train", job_name="train") is None
     assert help_text(["--help", "--cfg", "job"], CONF, "train", job_name="train") is None  # a flag of Hydra's
 
 

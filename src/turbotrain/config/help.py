@@ -1,9 +1,9 @@
 """`--help` without Hydra's `get_help`, which formats both of its config-group listings whatever
 the help template uses: a config repository per group, each a deep copy of the ConfigStore that
-holds every option's schema (most of a 10 s `train.py --help` here). The text is Hydra's: its
-template, its substitution, the config it would print. Hydra still answers a template that uses
-a listing or the flags' help, a command line with other flags than --help and --resolve, and one
-whose config does not compose (its error messages are its own)."""
+holds every option's schema (most of a 10 s `--help` here). The text is Hydra's: its template,
+its substitution, the config it would print. Hydra still answers a template that uses a listing
+or the flags' help, a command line with other flags than --help and --resolve, and one whose
+config does not compose (its error messages are its own)."""
 
 from __future__ import annotations
 

@@ -100,10 +100,12 @@ def registries() -> dict:
     return REGISTRIES
 
 
-def options_help() -> str:
-    """The `--help` list of config groups and their options, from the registries."""
-    lines = [f"{group}: {', '.join(registry.described(mark_text=True))}" for group, registry in sorted(registries().items())]
-    lines.append("experiment, hparams_search: presets that set several groups (conf/experiment/, conf/hparams_search/)")
+def options_help(*groups: str) -> str:
+    """The `--help` list of config groups (every one, or `groups`) and their options, from the
+    registries: `${turbotrain_options:}` or `${turbotrain_options:deploy}` in a help template."""
+    lines = [f"{group}: {', '.join(registries()[group].described(mark_text=True))}" for group in sorted(groups or registries())]
+    if not groups:
+        lines.append("experiment, hparams_search: presets that set several groups (conf/experiment/, conf/hparams_search/)")
     return "\n".join(lines)
 
 
