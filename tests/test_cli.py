@@ -58,7 +58,9 @@ def test_entry_points_freeze_their_imports_and_leave_the_collector_on():
     )
     r = subprocess.run([sys.executable, "-c", code, "export.py", "train.py"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    for line in r.stdout.splitlines():
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stdout
+    for line in lines:
         script, enabled, frozen = line.split()
         assert enabled == "True" and int(frozen) > 100_000, line  # torch alone makes ~200,000
 
