@@ -13,6 +13,7 @@ import time
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from conftest import CONF, ROOT, TINY, make_cfg
 from test_train import assert_same_run
@@ -21,6 +22,7 @@ from turbotrain.core import atomic
 from turbotrain.core.atomic import WriteError
 from turbotrain.core.checkpoint import load
 from turbotrain.core.errors import one_line
+from turbotrain.train import numerics
 from turbotrain.train.run import train
 
 SHORT = (*TINY, "trainer.limit_train_batches=6", "trainer.log_every_n_steps=1")
@@ -172,7 +174,6 @@ def test_kill_9_mid_epoch_loses_at_most_the_clock_interval_and_resumes_exactly(t
         f"trainer.checkpoint_every_minutes={minutes}",
     )
     full, cut = tmp_path / "full", tmp_path / "cut"
-    train(make_cfg(*common), full)
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *common, f"hydra.run.dir={cut}"], cwd=tmp_path)
     deadline = time.monotonic() + 120
     while not ((cut / "metrics.jsonl").is_file() and len(_events(cut)) >= 40):
@@ -187,6 +188,9 @@ def test_kill_9_mid_epoch_loses_at_most_the_clock_interval_and_resumes_exactly(t
     at_save = next(e["time"] for e in logged if e["step"] == saved["global_step"])
     assert logged[-1]["time"] - at_save <= 60 * minutes + 2 * max(gaps)  # at most the interval (and its step) lost
     train(make_cfg(*common, "trainer.resume=auto"), cut)
+    # the uninterrupted run on the killed process's own run-time choices (its timing of SGD's kernels)
+    chosen = OmegaConf.create(load(cut / "checkpoints" / "last.pt")["config"])
+    train(make_cfg(*common, *(f"{key}={OmegaConf.select(chosen, key)}" for key in numerics.AUTO)), full)
     assert_same_run(full, cut)
 
 
@@ -242,9 +246,9 @@ def test_which_keys_may_change_on_resume_is_each_schema_fields_own_word():
         "data.batch_size=16",  # a data key: numeric by its group's rule
         "data.eval_batch_size=7",  # numeric=False on its field
         "data.root=/elsewhere",  # numeric=False
-        "optim.kernel=foreach",  # numeric=False
+        "optim.kernel=foreach",  # numeric=True on its field (the two kernels can differ in the last bit)
         "trainer.label_smoothing=0.1",  # numeric=True on a trainer field
         "trainer.log_every_n_steps=3",  # a trainer key: free by its group's rule
         "loader.num_workers=1",  # a group that never alters the numbers
     )
-    assert [k for k, _, _ in changed_keys(saved, new)] == ["data.batch_size", "trainer.label_smoothing"]
+    assert [k for k, _, _ in changed_keys(saved, new)] == ["data.batch_size", "optim.kernel", "trainer.label_smoothing"]

@@ -7,10 +7,14 @@ import math
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from conftest import TINY, make_cfg, run_cli
 from turbotrain.core import checkpoint as ckpt_io
 from turbotrain.core.checkpoint import load
+from turbotrain.core.schema import ConfigError
+from turbotrain.train import numerics, optim
+from turbotrain.train.precision import CPU_BF16_ENV
 from turbotrain.train.run import train
 from turbotrain.train.tracking import METRIC_KEYS
 
@@ -59,15 +63,59 @@ def assert_same_run(a_dir, b_dir):
 
 
 def test_resume_after_epoch_equals_uninterrupted(tmp_path, monkeypatch):
-    # SGD's two CPU kernels, swapped at each start: optim.kernel=auto may pick either, so they
-    # must give the same weights, and a resume must run on its own process's kernel
-    train(make_cfg(*TINY, "trainer.max_epochs=2", "optim.kernel=fused"), tmp_path / "full")
+    train(make_cfg(*TINY, "trainer.max_epochs=2"), tmp_path / "full")
     with monkeypatch.context() as m:
         interrupt_after_save(m, lambda c: c["state"]["epoch"] == 1)
         with pytest.raises(Interrupted):
-            train(make_cfg(*TINY, "trainer.max_epochs=2", "optim.kernel=foreach"), tmp_path / "split")
-    train(make_cfg(*TINY, "trainer.max_epochs=2", "trainer.resume=auto", "optim.kernel=fused"), tmp_path / "split")
+            train(make_cfg(*TINY, "trainer.max_epochs=2"), tmp_path / "split")
+    train(make_cfg(*TINY, "trainer.max_epochs=2", "trainer.resume=auto"), tmp_path / "split")
     assert_same_run(tmp_path / "full", tmp_path / "split")
+
+
+def test_a_resume_keeps_the_runs_own_choices_where_this_process_would_choose_otherwise(tmp_path, monkeypatch, caplog):
+    """optim.kernel=auto times SGD's two CPU kernels in each process (which differ in the last bit
+    of a vector's tail on AVX2 and AVX-512), amp's CPU path follows the CPU's bf16 units, and the
+    thread count (which splits reductions) is torch's: a resumed process that would pick each the
+    other way keeps the run's, recorded in its checkpoint's config, and equals the uninterrupted run."""
+    other_threads = 1 if numerics.PROCESS_THREADS > 1 else 2
+    common = (*TINY, "trainer.max_epochs=2")
+    monkeypatch.setenv(CPU_BF16_ENV, "1")
+    train(make_cfg(*common, "optim.kernel=foreach"), tmp_path / "full")
+    with monkeypatch.context() as m:
+        m.setattr(optim, "_fused_faster", lambda *a: False)  # this process's timing picks foreach
+        interrupt_after_save(m, lambda c: c["state"]["epoch"] == 1)
+        with pytest.raises(Interrupted):
+            train(make_cfg(*common), tmp_path / "split")
+    saved = OmegaConf.create(load(tmp_path / "split" / "checkpoints" / "last.pt")["config"])
+    assert (saved.optim.kernel, saved.precision.cpu_bf16, saved.trainer.threads) == ("foreach", True, numerics.PROCESS_THREADS)
+    monkeypatch.setattr(optim, "_fused_faster", lambda *a: True)  # the resumed process's own picks, each the other one
+    monkeypatch.setenv(CPU_BF16_ENV, "0")
+    monkeypatch.setattr(numerics, "PROCESS_THREADS", other_threads)
+    with caplog.at_level("INFO", logger="turbotrain"):
+        train(make_cfg(*common, "trainer.resume=auto"), tmp_path / "split")
+    kept = f"optim.kernel=foreach, precision.cpu_bf16=true, trainer.threads={saved.trainer.threads}, as the run chose"
+    assert kept in caplog.text and "another platform" not in caplog.text
+    assert_same_run(tmp_path / "full", tmp_path / "split")
+    changed = ("trainer.max_epochs=3", "trainer.resume=auto", "optim.kernel=fused", f"trainer.threads={other_threads}")
+    with pytest.raises(ConfigError, match=r"optim.kernel: foreach -> fused; trainer.threads: \d+ -> \d+\)"):
+        train(make_cfg(*common, *changed), tmp_path / "split")  # typed, another value is a change
+
+
+def test_a_resume_on_another_platform_says_it_is_not_bit_exact(tmp_path, caplog):
+    """The CPU's vector path, instruction sets, device and torch build are no one's choice: a
+    checkpoint records them, and a resume where one differs says so in one line."""
+    common = (*TINY, "trainer.limit_train_batches=2")
+    train(make_cfg(*common, "trainer.max_epochs=1"), tmp_path)
+    path = tmp_path / "checkpoints" / "last.pt"
+    ckpt = load(path)
+    assert ckpt["platform"] == numerics.platform(torch.device("cpu"))
+    ckpt["platform"]["cpu_capability"] = "ZVECTOR"  # as if written on an s390x
+    torch.save(ckpt, path)
+    with caplog.at_level("WARNING", logger="turbotrain"):
+        train(make_cfg(*common, "trainer.max_epochs=2", "trainer.resume=auto"), tmp_path)
+    (line,) = [r.getMessage() for r in caplog.records if "another platform" in r.getMessage()]
+    here = torch.backends.cpu.get_cpu_capability()
+    assert f"resuming on another platform (cpu_capability ZVECTOR -> {here}): " in line and "\n" not in line
 
 
 def test_resume_mid_epoch_from_step_checkpoint(tmp_path, monkeypatch):
@@ -219,7 +267,7 @@ def test_custom_augmentation_list_runs_inside_training(tmp_path):
 def test_a_jobs_thread_count_does_not_leak_into_the_next_one(tmp_path):
     """A sequential sweep runs its jobs in one process: trainer.threads of one job is not the
     next job's (which asked for torch's default)."""
-    from turbotrain.train.run import PROCESS_THREADS
+    from turbotrain.train.numerics import PROCESS_THREADS
 
     train(make_cfg(*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.threads=1"), tmp_path / "a")
     train(make_cfg(*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=2"), tmp_path / "b")

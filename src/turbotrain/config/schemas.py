@@ -53,7 +53,8 @@ class TrainerConfig:
     on_nan: str = setting("skip", choices=("skip", "stop"))  # non-finite loss: skip the step | stop the run
     nan_patience: int = setting(20, bound=POSITIVE)  # consecutive skipped steps before the run counts as diverged
     nan_check: str = setting("loss", choices=("loss", "grads"))  # what on_nan=skip checks: losses (free) | gradient norm
-    threads: int | None = setting(None, bound=POSITIVE)
+    # intra-op threads; null: torch's count, resolved at start and kept by a resume (reductions split by it)
+    threads: int | None = setting(None, bound=POSITIVE, numeric=True)
     malloc: str = setting("retain", choices=("retain", "system"))  # retain: freed memory stays for the next step (allocator.py)
     autotune: bool = False  # time each setting in autotune_knobs for a few steps, keep the fastest
     # default: the settings that leave the numerics alone; attention_kernel (may swap sliding_window for full) only when listed

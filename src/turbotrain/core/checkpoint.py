@@ -12,6 +12,8 @@ Layout (format 1):
           digest of each class's file names)}
   ema     None, or the averaged weights (trainer.ema_decay): {weights: state_dict, updates}; what
           export and compression.from_run take, and what the metrics describe
+  platform what picks the kernels besides the config: {cpu_vendor, cpu_capability, cpu_isa,
+          isa_caps, device, torch} (train/numerics.py); a resume elsewhere says it is not exact
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ def payload(
     rng: list[dict],
     ema: dict | None = None,
     data: dict | None = None,
+    platform: dict | None = None,
 ) -> dict:
     """The checkpoint dict (format 1) for the current training state. `rng`: every rank's RNG
     state in rank order (one entry without DDP)."""
@@ -126,6 +129,7 @@ def payload(
         "metrics": metrics,
         "ema": ema,
         "data": data,
+        "platform": platform,
     }
 
 
@@ -162,8 +166,8 @@ def write(ckpt: dict, directory: Path, best: bool) -> None:
 
 def restore(ckpt: dict, *, optimizer, scaler) -> None:
     """Load optimizer/scaler states (the model is loaded when it is built; the scheduler is put at
-    the saved step by resume.continue_schedule). The kernel choice (`fused`, `foreach`) stays this
-    process's: it was made for this machine, and SGD's two give the same weights."""
+    the saved step by resume.continue_schedule). The kernel (`fused`, `foreach`) stays the one the
+    optimizer was built with: the effective config's, where a resume has kept the run's."""
     kernels = [{k: g[k] for k in ("fused", "foreach") if k in g} for g in optimizer.param_groups]
     optimizer.load_state_dict(ckpt["optimizer"])
     for group, kernel in zip(optimizer.param_groups, kernels, strict=True):

@@ -7,6 +7,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from turbotrain.models.attention.options import ATTENTION
 from turbotrain.train import distributed as dist
 from turbotrain.train.autotune import apply_choice, autotune, choice_from_checkpoint
 from turbotrain.train.ema import build_ema, load_ema
+from turbotrain.train.numerics import resolve
 from turbotrain.train.optim import build_optimizer
 from turbotrain.train.precision import Precision, build_precision
 from turbotrain.train.preemption import StopFlag
@@ -75,9 +77,10 @@ def build(
     resume_ckpt: dict | None = None,
     resume_path: Path | None = None,
 ) -> Parts:
-    """Steps 2-4. With trainer.autotune the measured choice is written into `cfg`, which is the
-    run's effective config from here on (checkpoints save it; resume reuses it). `stop`: the
-    run's stop request, polled by compression's evaluations and fine-tuning and autotune's trials."""
+    """Steps 2-4. The run-time choices that change the numbers (numerics.resolve, and
+    trainer.autotune's measured one) are written into `cfg`, which is the run's effective config
+    from here on (checkpoints save it; resume reuses it). `stop`: the run's stop request, polled
+    by compression's evaluations and fine-tuning and autotune's trials."""
     with dist.local_rank_zero_first(info):  # downloads and decoded caches: once per node
         data, model = _data_and_model(cfg)
     if resume_ckpt is not None:
@@ -87,6 +90,7 @@ def build(
     compression = apply_surgery(cfg, model, data.kind, loaders.train, loaders.val, resume_ckpt is not None, stop)
     params, flops = sum(p.numel() for p in model.parameters()), count_flops(model, _flop_example(data))
     resize = _resolution(cfg, data, model, loaders.total_steps)
+    resolve(cfg, model, device, partial(dist.agree_max, group=info.cpu_group), resume_ckpt)  # recorded in cfg
     tuned = _autotune(cfg, data, model, device, info, loaders, resume_ckpt, stop)
     if tuned is not None and cfg.loader.num_workers != loaders.train.num_workers:
         loaders = _loaders(cfg, data, info, device)

@@ -1,7 +1,8 @@
 """Optimizers (built after model surgery, so they see the final parameters). Adam and AdamW are
 torch's fused kernels, SGD too on CUDA: they skip a step flagged non-finite on the device
 (loop.step_unless). On a CPU, SGD takes the faster of its fused and foreach kernels, timed on
-the model's own parameters at start (which one wins depends on the CPU)."""
+the model's own parameters at start (which one wins depends on the CPU); a run records the one it
+took and a resume keeps it (numerics.py), since the two can differ in the last bit."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ class SGDConfig(OptimConfig):
     nesterov: bool = True
     # fused: one kernel per step, which takes the skip flag on the device (no host sync);
     # foreach: torch's default. auto: fused on CUDA; on a CPU the faster of the two, timed at
-    # start. Either gives the same weights, bit for bit (tested), so the choice is free to vary
-    kernel: str = setting("auto", choices=("auto", "fused", "foreach"), numeric=False)
+    # start. On AVX2 and AVX-512 the two round a vector's tail differently (the last bit of some
+    # weights), so the run's effective config records the one taken and a resume keeps it
+    kernel: str = setting("auto", choices=("auto", "fused", "foreach"), numeric=True)
 
 
 @dataclass
@@ -112,11 +114,14 @@ def _sgd(groups: list[dict], c, fused: bool) -> torch.optim.SGD:
 
 def _sgd_fused(groups: list[dict], c) -> bool:
     params = [p for g in groups for p in g["params"]]
-    if c.kernel != "auto":
-        return c.kernel == "fused"
+    return (auto_kernel(params, c) if c.kernel == "auto" else c.kernel) == "fused"
+
+
+def auto_kernel(params: list[torch.Tensor], c) -> str:
+    """What optim.kernel=auto takes for these parameters: fused off the CPU, else the faster."""
     if not params or params[0].device.type != "cpu":
-        return True
-    return _fused_faster(tuple(tuple(p.shape) for p in params), c.momentum, c.nesterov)
+        return "fused"
+    return "fused" if _fused_faster(tuple(tuple(p.shape) for p in params), c.momentum, c.nesterov) else "foreach"
 
 
 @functools.cache  # once per process and set of shapes: autotune trials and pruning rebuild optimizers

@@ -2,7 +2,8 @@
 
 amp  -> CUDA: fp16 autocast + GradScaler; CPU: bf16 autocast where the CPU computes bf16 natively
         (AVX512_BF16/AMX, Arm BF16), else fp32: emulated bf16 trained small_cnn ~9x slower than
-        fp32 on an AVX2-only AMD EPYC. TURBOTRAIN_CPU_BF16=1/0 overrides the CPU check.
+        fp32 on an AVX2-only AMD EPYC. TURBOTRAIN_CPU_BF16=1/0 overrides the CPU check, and
+        `precision.cpu_bf16` (the run's record of the path taken, kept by a resume) overrides both.
 bf16 -> bf16 autocast anywhere, no scaler (bf16 has fp32's exponent range).
 fp16 -> fp16 autocast + GradScaler anywhere.
 fp32 -> nothing; `precision.tf32` allows TF32 matmuls/convs on CUDA.
@@ -79,6 +80,9 @@ class ScaledConfig(PrecisionConfig):
 @dataclass
 class AmpConfig(ScaledConfig):
     tf32: bool = True
+    # CPU: bf16 autocast (true) or fp32 (false); null: what native_bf16_cpu says, resolved at
+    # start into the run's effective config, so a resume on another CPU keeps the run's path
+    cpu_bf16: bool | None = setting(None, numeric=True)
 
 
 def build_precision(precision_cfg, device: torch.device) -> Precision:
@@ -88,7 +92,7 @@ def build_precision(precision_cfg, device: torch.device) -> Precision:
     mode = "tf32" if precision_cfg.tf32 else "ieee"
     torch.backends.cuda.matmul.fp32_precision = mode
     torch.backends.cudnn.conv.fp32_precision = mode
-    dtype = PRECISIONS.of(precision_cfg).build(device)
+    dtype = PRECISIONS.of(precision_cfg).build(precision_cfg, device)
     scaler = None
     if dtype is torch.float16:
         scaler = torch.amp.GradScaler(
@@ -100,25 +104,25 @@ def build_precision(precision_cfg, device: torch.device) -> Precision:
 
 
 @PRECISIONS.register("fp32", PrecisionConfig)
-def fp32(device: torch.device) -> None:
+def fp32(c, device: torch.device) -> None:
     return None
 
 
 @PRECISIONS.register("amp", AmpConfig)
-def amp(device: torch.device) -> torch.dtype | None:
+def amp(c, device: torch.device) -> torch.dtype | None:
     if device.type == "cuda":
         return torch.float16
-    if not native_bf16_cpu():
+    if not (native_bf16_cpu() if c.cpu_bf16 is None else c.cpu_bf16):
         log.info("precision=amp: this CPU has no native bf16 (AVX512_BF16/AMX), so fp32 it is; precision=bf16 forces bf16")
         return None
     return torch.bfloat16
 
 
 @PRECISIONS.register("bf16", Bf16Config)
-def bf16(device: torch.device) -> torch.dtype:
+def bf16(c, device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
 @PRECISIONS.register("fp16", ScaledConfig)
-def fp16(device: torch.device) -> torch.dtype:
+def fp16(c, device: torch.device) -> torch.dtype:
     return torch.float16

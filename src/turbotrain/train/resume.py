@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from turbotrain.config import TrainerConfig, registries
 from turbotrain.core.schema import ConfigError
 from turbotrain.train.autotune import apply_choice, choice_from_checkpoint
+from turbotrain.train.numerics import keep_saved
 
 log = logging.getLogger("turbotrain")
 
@@ -138,11 +139,13 @@ def changed_keys(saved_yaml: str, cfg) -> list[tuple[str, object, object]]:
 
 def check_config(ckpt: dict, cfg, world_size: int, path: Path) -> None:
     """Refuse to continue with a config that trains differently from the checkpoint's, unless
-    trainer.resume_strict=false. Extending the run (max_epochs, max_steps) is always allowed. With
-    trainer.autotune the saved config holds what the first session chose (an attention kernel, say):
-    the command as typed is compared with those choices applied, so re-running it resumes."""
+    trainer.resume_strict=false. Extending the run (max_epochs, max_steps) is always allowed. The
+    saved config holds what the first session chose at run time (numerics.AUTO's keys; with
+    trainer.autotune, an attention kernel, say): the command as typed is compared with those
+    choices applied, so re-running it resumes, and a key typed to another value is a change."""
+    cfg = copy.deepcopy(cfg)
+    keep_saved(cfg, ckpt)
     if cfg.trainer.autotune:
-        cfg = copy.deepcopy(cfg)
         apply_choice(cfg, choice_from_checkpoint(ckpt))
     diffs = [f"{k}: {a} -> {b}" for k, a, b in changed_keys(ckpt["config"], cfg)]
     saved_world = ckpt.get("world_size", 1)

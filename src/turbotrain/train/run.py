@@ -25,6 +25,7 @@ from turbotrain.train.curves import write_curves
 from turbotrain.train.ema import ema_state, update_ema
 from turbotrain.train.evaluation import evaluate
 from turbotrain.train.loop import Diverged, TrainState, train_one_epoch
+from turbotrain.train.numerics import platform, set_threads
 from turbotrain.train.preemption import Preempted, StopFlag, resume_hint, watch_signals
 from turbotrain.train.profiling import profiler
 from turbotrain.train.run_dir import agree_run_dir, forget_run_dir
@@ -32,9 +33,6 @@ from turbotrain.train.summary import summary_of
 from turbotrain.train.tracking import Tracker, peak_mem_mb, process_age_s, trim_metrics
 
 log = logging.getLogger("turbotrain")
-
-
-PROCESS_THREADS = torch.get_num_threads()  # torch's choice for this process, before any job set its own
 
 
 class TrainingError(RuntimeError):
@@ -63,7 +61,7 @@ def train_here(cfg, run_dir: Path) -> float:
     """Train in this process: alone, or as one rank of a DDP group."""
     seed_everything(cfg.trainer.seed)
     configure_malloc(cfg.trainer.malloc)
-    torch.set_num_threads(cfg.trainer.threads or PROCESS_THREADS)  # both ways: a sweep's next job starts afresh
+    set_threads(cfg.trainer.threads)
     with watch_signals() as stop:
         info, device = dist.setup(cfg.distributed, cfg.trainer.device)
         try:
@@ -147,6 +145,7 @@ class Run:
             rng=dist.gather_objects(ckpt_io.rng_state()),
             ema=ema_state(p.ema) if p.ema is not None else None,
             data=resume.data_identity(p.data),
+            platform=platform(self.device),
         )
         bad = ckpt_io.nonfinite(ckpt)
         if bad:
