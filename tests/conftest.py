@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 import turbotrain.options  # noqa: F401  (fills the option registries)
@@ -20,6 +21,12 @@ CONF = ROOT / "conf"
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 register_configs()
+
+
+def pytest_report_header(config) -> str:
+    """The CPU path this session runs on (test_cpu_paths.py reads it back from a capped run)."""
+    caps = " ".join(f"{k}={os.environ[k]}" for k in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS") if k in os.environ)
+    return f"cpu path: ATen {torch.backends.cpu.get_cpu_capability()} {caps}".rstrip()
 
 
 def make_cfg(*overrides: str, config_name: str = "train"):

@@ -158,6 +158,7 @@ def test_full_disk_during_checkpoint_keeps_last_and_says_so(tmp_path, monkeypatc
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best.pt", "last.pt"]  # no temp left
 
 
+@pytest.mark.cpu_path
 def test_kill_9_mid_epoch_loses_at_most_the_clock_interval_and_resumes_exactly(tmp_path):
     """trainer.checkpoint_every_minutes: a SIGKILL (OOM killer, lost node) in the first epoch,
     before any epoch-end checkpoint, repeats at most the interval, and the resumed run equals

@@ -62,6 +62,7 @@ def assert_same_run(a_dir, b_dir):
         assert torch.equal(v, b["model"][k]), k
 
 
+@pytest.mark.cpu_path
 def test_resume_after_epoch_equals_uninterrupted(tmp_path, monkeypatch):
     train(make_cfg(*TINY, "trainer.max_epochs=2"), tmp_path / "full")
     with monkeypatch.context() as m:
@@ -72,6 +73,7 @@ def test_resume_after_epoch_equals_uninterrupted(tmp_path, monkeypatch):
     assert_same_run(tmp_path / "full", tmp_path / "split")
 
 
+@pytest.mark.cpu_path
 def test_a_resume_keeps_the_runs_own_choices_where_this_process_would_choose_otherwise(tmp_path, monkeypatch, caplog):
     """optim.kernel=auto times SGD's two CPU kernels in each process (which differ in the last bit
     of a vector's tail on AVX2 and AVX-512), amp's CPU path follows the CPU's bf16 units, and the
@@ -118,6 +120,7 @@ def test_a_resume_on_another_platform_says_it_is_not_bit_exact(tmp_path, caplog)
     assert f"resuming on another platform (cpu_capability ZVECTOR -> {here}): " in line and "\n" not in line
 
 
+@pytest.mark.cpu_path
 def test_resume_mid_epoch_from_step_checkpoint(tmp_path, monkeypatch):
     common = (*TINY, "trainer.max_epochs=2", "trainer.checkpoint_every_n_steps=5")
     train(make_cfg(*common), tmp_path / "full")
@@ -130,6 +133,7 @@ def test_resume_mid_epoch_from_step_checkpoint(tmp_path, monkeypatch):
     assert_same_run(tmp_path / "full", tmp_path / "split")
 
 
+@pytest.mark.cpu_path
 def test_worker_processes_give_the_in_process_numbers_and_resume_exactly(tmp_path, monkeypatch):
     """A batch's augmentation comes from (seed, epoch, rank, its samples), wherever it is fetched:
     persistent workers give the numbers of no workers, and a resume with them mid-way through
