@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
+import json
+import os
+import pty
+import re
+import struct
 import subprocess
 import sys
+import termios
 
 import pytest
 
@@ -95,3 +102,34 @@ def test_a_refused_rerun_leaves_the_runs_hydra_files_as_they_were(tmp_path):
     r = run_cli("train.py", *TINY, "trainer.max_epochs=2", "optim.lr=0.3", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 2 and "already holds a run" in r.stderr
     assert {p.name: p.read_bytes() for p in hydra.iterdir()} == before
+
+
+def _train_into(path, tty: bool, *args: str) -> str:
+    """train.py's stdout and stderr, both into a file (a SLURM .out file) or both on a terminal."""
+    common = (*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=12", "trainer.progress_bar=true", *args)
+    cmd = [sys.executable, str(ROOT / "train.py"), *common, f"hydra.run.dir={path}"]
+    if not tty:
+        with open(path.with_suffix(".txt"), "w") as out:
+            subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=300, check=True)
+        return path.with_suffix(".txt").read_text()
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 0 columns: tqdm draws nothing
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=secondary, stderr=secondary)
+    os.close(secondary)
+    chunks = []
+    with contextlib.suppress(OSError):  # EIO: the process closed the terminal
+        while chunk := os.read(primary, 65536):
+            chunks.append(chunk)
+    assert proc.wait(timeout=300) == 0
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_off_a_terminal_progress_is_plain_lines_and_on_one_a_bar(tmp_path):
+    logged = _train_into(tmp_path / "file", False, "trainer.progress_every_s=0")
+    assert "\r" not in logged
+    lines = re.findall(r"step (\d+)/12 \(epoch 0, (\d+)%\): loss [\d.]+, acc1 [\d.]+, \d+ samples/s, ETA \d+ s", logged)
+    events = [json.loads(e) for e in (tmp_path / "file" / "metrics.jsonl").read_text().splitlines()]
+    assert [int(s) for s, _ in lines] == [e["step"] for e in events if e["split"] == "train"] == [5, 10]
+    assert [int(p) for _, p in lines] == [42, 83]
+    shown = _train_into(tmp_path / "tty", True, "trainer.progress_every_s=0")
+    assert re.search(r"\repoch 0: +\d+%", shown) and not re.search(r"step \d+/12 \(epoch", shown)  # a bar's frames

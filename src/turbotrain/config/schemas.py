@@ -49,7 +49,8 @@ class TrainerConfig:
     channels_last: bool = True
     resume: str | None = None  # path | auto
     resume_strict: bool = True  # refuse to resume with a config that trains differently (max_epochs/max_steps may grow)
-    progress_bar: bool = True
+    progress_bar: bool = True  # a bar on a terminal; where stdout is not one, a plain line every progress_every_s
+    progress_every_s: float = setting(30.0, bound=NON_NEGATIVE)
     on_nan: str = setting("skip", choices=("skip", "stop"))  # non-finite loss: skip the step | stop the run
     nan_patience: int = setting(20, bound=POSITIVE)  # consecutive skipped steps before the run counts as diverged
     nan_check: str = setting("loss", choices=("loss", "grads"))  # what on_nan=skip checks: losses (free) | gradient norm

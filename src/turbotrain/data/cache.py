@@ -75,8 +75,9 @@ def build(folder: Path, samples: list[tuple[str, int]], read, kind: str, size: i
             prefetch_factor=8,
             generator=torch.Generator(),  # the workers' seed; without one it is drawn from the global RNG
         )
+        bar = tqdm(loader, total=len(samples), desc=f"data.cache={kind}: decoding", leave=False, disable=None)  # None: a tty only
         with open(tmp / DATA_FILE, "wb") as f:
-            for i, data, shape, error in tqdm(loader, total=len(samples), desc=f"data.cache={kind}: decoding", leave=False):
+            for i, data, shape, error in bar:
                 if error is not None:
                     bad.append(f"{samples[i][0]} ({error})")
                     continue

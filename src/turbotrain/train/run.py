@@ -118,6 +118,8 @@ class Run:
             logger_cfg=cfg.logger,
             config=OmegaConf.to_container(cfg, resolve=True),
             progress_bar=tc.progress_bar,
+            steps=(self.state.global_step, self.p.loaders.total_steps),
+            progress_every_s=tc.progress_every_s,
         )
         self.config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
         self.arch = architecture(cfg, self.p.data, self.p.model)

@@ -1,4 +1,5 @@
-"""Run tracking: metrics.jsonl, summary.json, progress bars, and the logger option (loggers.py).
+"""Run tracking: metrics.jsonl, summary.json, progress (a bar, or plain lines off a terminal), and the
+logger option (loggers.py).
 
 Only the main rank gets an active Tracker; other ranks get one with
 `enabled=False`, which writes nothing.
@@ -97,10 +98,55 @@ def trim_metrics(run_dir: Path, upto_step: int) -> int:
     return dropped
 
 
+def duration(seconds: float) -> str:
+    """`45 s`, `2 min 05 s`, `1 h 02 min`: an ETA a person reads."""
+    minutes, s = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {s:02d} s" if minutes else f"{s} s"
+
+
+class ProgressLines:
+    """Progress off a terminal (a SLURM .out file, `python train.py > log`): a plain log line from
+    the train events every `every_s` seconds, and at the run's last step, instead of a bar's
+    carriage-return frames. The ETA is the whole run's, at this session's pace so far."""
+
+    def __init__(self, start_step: int, total_steps: int, every_s: float) -> None:
+        self.start_step, self.total_steps, self.every_s = start_step, total_steps, every_s
+        self.start, self.last = time.monotonic(), -math.inf
+
+    def train_event(self, event: dict) -> None:
+        now, step = time.monotonic(), event["step"]
+        if now - self.last < self.every_s and step < self.total_steps:
+            return
+        self.last = now
+        pace = (now - self.start) / max(1, step - self.start_step)
+        loss, acc1 = (f"{v:.4f}" if isinstance(v, float) else v for v in (event["loss"], event["acc1"]))  # "nan": a string
+        log.info(
+            "step %d/%d (epoch %d, %.0f%%): loss %s, acc1 %s, %.0f samples/s, ETA %s",
+            *(step, self.total_steps, event["epoch"], 100 * step / self.total_steps, loss, acc1),
+            *(event["samples_per_s"], duration(pace * (self.total_steps - step))),
+        )
+
+
 class Tracker:
-    def __init__(self, run_dir: Path, *, enabled: bool, logger_cfg, config: dict, progress_bar: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        enabled: bool,
+        logger_cfg,
+        config: dict,
+        progress_bar: bool = True,
+        steps: tuple[int, int] | None = None,
+        progress_every_s: float = 30.0,
+    ) -> None:
+        """`progress_bar`: a tqdm bar where stderr is a terminal, and ProgressLines of the run's
+        `steps` (first, total) where stdout is not."""
         self.run_dir, self.enabled = Path(run_dir), enabled
-        self.progress_bar = progress_bar and enabled
+        self.progress_bar = progress_bar and enabled and sys.stderr.isatty()
+        self._lines = None
+        if progress_bar and enabled and steps is not None and not sys.stdout.isatty():
+            self._lines = ProgressLines(*steps, progress_every_s)
         self._logger = None
         self._file = None
         if not enabled:
@@ -120,6 +166,8 @@ class Tracker:
             raise OSError(e.errno, e.strerror, self._file.name) from e
         if self._logger is not None:
             self._logger.log(event)
+        if self._lines is not None and event["split"] == "train":
+            self._lines.train_event(event)
 
     def bar(self, total: int | None, desc: str) -> tqdm:
         return tqdm(
