@@ -192,3 +192,18 @@ def test_gpu_decode_without_cuda_fails_at_start_in_one_line(jpeg_tree, tmp_path)
     assert r.stderr.strip().splitlines() == [
         "error: data.decode=gpu needs CUDA (nvJPEG) and this machine has none: use data.decode=cpu"
     ]
+
+
+def test_the_training_tree_is_listed_once_and_train_eval_gives_its_files_with_eval_transforms(jpeg_tree, monkeypatch):
+    """An ImageNet-size tree takes minutes to list on a network filesystem: train_eval (INT8
+    calibration, the whitening fit) reuses the training listing instead of listing train/ again."""
+    from torchvision import datasets as tvd
+
+    listed, real = [], tvd.ImageFolder.make_dataset
+    monkeypatch.setattr(tvd.ImageFolder, "make_dataset", staticmethod(lambda d, *a, **k: (listed.append(d), real(d, *a, **k))[1]))
+    common = ("data=imagenet", f"data.root={jpeg_tree}", "data.image_size=32")
+    data = build_data(make_cfg(*common).data)
+    assert sorted(listed) == sorted(str(jpeg_tree / s) for s in ("train", "val"))
+    image, label = data.train_eval[5]
+    assert (image.shape, label) == ((3, 32, 32), data.train.dataset.samples[5][1])
+    assert torch.equal(data.train_eval[5][0], data.train_eval[5][0])  # eval transforms: no random crop

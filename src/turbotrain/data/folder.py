@@ -3,6 +3,7 @@ decoded per sample with torchvision.io; files that fail are bad samples (data/sa
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
@@ -226,6 +227,8 @@ def imagenet(cfg, tokenizer=None) -> DataBundle:
             raise ConfigError(f"data.root={cfg.root}: {e} (data.on_bad_sample=skip allows empty classes)") from e
 
     train, val = folder("train", train_tf), folder("val", val_tf)
+    train_listed = copy.copy(train)  # the training files with eval transforms: the same listing, not a second one
+    train_listed.transform = val_tf
     if train.classes != val.classes:
         raise ConfigError(f"data.root={cfg.root}: train/ and val/ have different class folders")
     empty = sorted(set(train.classes) - {train.classes[t] for t in train.targets})
@@ -236,7 +239,7 @@ def imagenet(cfg, tokenizer=None) -> DataBundle:
         collate = NormalizeCollate(cfg.mean, cfg.std)
     elif cfg.decode == "gpu":  # training batches on the GPU; evaluation decodes on the CPU as before
         gpu = GpuDecodedTrain(train, size, [build_op(a) for a in cfg.augment], reader)
-        train_eval = SafeDataset(folder("train", val_tf), cfg.on_bad_sample, lambda i: train.samples[i][0])
+        train_eval = SafeDataset(train_listed, cfg.on_bad_sample, lambda i: train.samples[i][0])
         train_ds, val_ds = gpu, SafeDataset(val, cfg.on_bad_sample, lambda i: val.samples[i][0])
         collate = GpuCollate(NormalizeCollate(cfg.mean, cfg.std), collate_skipping_bad)
     else:
@@ -244,7 +247,7 @@ def imagenet(cfg, tokenizer=None) -> DataBundle:
         def safe(ds: tvd.ImageFolder) -> SafeDataset:
             return SafeDataset(ds, cfg.on_bad_sample, lambda i: ds.samples[i][0])
 
-        train_ds, val_ds, train_eval, collate = safe(train), safe(val), safe(folder("train", val_tf)), collate_skipping_bad
+        train_ds, val_ds, train_eval, collate = safe(train), safe(val), safe(train_listed), collate_skipping_bad
     return DataBundle(
         train=train_ds,
         val=val_ds,
