@@ -107,8 +107,8 @@ def duration(seconds: float) -> str:
 
 class ProgressLines:
     """Progress off a terminal (a SLURM .out file, `python train.py > log`): a plain log line from
-    the train events every `every_s` seconds, and at the run's last step, instead of a bar's
-    carriage-return frames. The ETA is the whole run's, at this session's pace so far."""
+    the train events every `every_s` seconds (and at the run's last step, where it logs one),
+    instead of a bar's carriage-return frames. The ETA is the whole run's, at this session's pace so far."""
 
     def __init__(self, start_step: int, total_steps: int, every_s: float) -> None:
         self.start_step, self.total_steps, self.every_s = start_step, total_steps, every_s
