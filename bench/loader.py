@@ -54,7 +54,7 @@ def stage_costs(root: Path, n: int = 200) -> dict:
     from PIL import Image
     from torchvision.transforms import v2
 
-    from turbotrain.data.folder import RGBReader
+    from turbotrain.data.decode import RGBReader
 
     read_rgb = RGBReader(max_pixels=None)  # the decode alone
     files = sorted((root / "train").rglob("*.jpg"))[:n]

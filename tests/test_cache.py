@@ -13,11 +13,12 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from conftest import make_cfg
-from turbotrain.data import build_data
+from turbotrain.data import build_data, listing
 from turbotrain.data import cache as cache_mod
 from turbotrain.data.batched import batch_pipeline
 from turbotrain.data.crops import padded_crops, resize_batched, resized_crops
-from turbotrain.data.folder import RGBReader
+from turbotrain.data.decode import RGBReader
+from turbotrain.data.listing import FolderSource
 from turbotrain.train.run import train
 
 
@@ -82,18 +83,22 @@ def _tree(jpeg_tree, tmp_path):
     return root
 
 
+def _source(split) -> FolderSource:
+    return FolderSource(listing.scan(split))
+
+
 @pytest.mark.parametrize("kind", ["raw", "jpeg"])
 def test_cache_is_built_once_and_rebuilt_when_the_tree_changes(kind, jpeg_tree, tmp_path, caplog):
     root = _tree(jpeg_tree, tmp_path)
     (root / "train" / "china" / "zz_bad.jpg").write_bytes(b"not a jpeg at all")
-    samples = sorted((str(p), 0) for p in (root / "train").rglob("*.jpg"))
+    samples = _source(root / "train")
     read = RGBReader(max_pixels=None)
     first = cache_mod.open_cache(tmp_path / "c", "t", samples, read, kind, 48)
     index = next((tmp_path / "c").iterdir()) / cache_mod.INDEX_FILE
     meta = json.loads(index.read_text())
     assert len(first) == len(samples) - 1 and len(meta["bad"]) == 1 and "zz_bad.jpg" in meta["bad"][0]
-    good = [s for s in samples if "zz_bad" not in s[0]]
-    expected = TF.resize(read(good[5][0]).as_subclass(torch.Tensor), 48, antialias=True)
+    good = [samples.name(i) for i in range(len(samples)) if "zz_bad" not in samples.name(i)]
+    expected = TF.resize(read(good[5]).as_subclass(torch.Tensor), 48, antialias=True)
     got = first[5][0]
     assert got.shape == expected.shape and min(got.shape[-2:]) == 48
     if kind == "raw":
@@ -103,16 +108,16 @@ def test_cache_is_built_once_and_rebuilt_when_the_tree_changes(kind, jpeg_tree, 
     mtime = index.stat().st_mtime_ns
     cache_mod.open_cache(tmp_path / "c", "t", samples, read, kind, 48)
     assert index.stat().st_mtime_ns == mtime and len(list((tmp_path / "c").iterdir())) == 1  # reused
-    shutil.copyfile(good[1][0], good[0][0])  # a changed file: a new cache; the old one is kept and named
+    shutil.copyfile(good[1], good[0])  # a changed file: a new cache; the old one is kept and named
     with caplog.at_level(logging.WARNING, logger="turbotrain"):
-        cache_mod.open_cache(tmp_path / "c", "t", samples, read, kind, 48)
+        cache_mod.open_cache(tmp_path / "c", "t", _source(root / "train"), read, kind, 48)
     assert len(list((tmp_path / "c").iterdir())) == 2
     assert str(index.parent) in caplog.text and "1 earlier one(s)" in caplog.text
 
 
 def test_building_a_cache_leaves_the_global_rng_alone(jpeg_tree, tmp_path):
     """A run that builds its cache must train as one that reuses it: same weights, same draws."""
-    samples = sorted((str(p), 0) for p in (jpeg_tree / "train").rglob("*.jpg"))
+    samples = _source(jpeg_tree / "train")
     torch.manual_seed(0)
     cache_mod.open_cache(tmp_path / "c", "t", samples, RGBReader(max_pixels=None), "raw", 48)
     after_build = torch.rand(4)
@@ -121,7 +126,7 @@ def test_building_a_cache_leaves_the_global_rng_alone(jpeg_tree, tmp_path):
 
 
 def test_a_failed_build_leaves_no_cache(jpeg_tree, tmp_path, monkeypatch):
-    samples = sorted((str(p), 0) for p in (jpeg_tree / "train").rglob("*.jpg"))
+    samples = _source(jpeg_tree / "train")
     real = cache_mod._Decode.__getitem__
 
     def dies_at_the_tenth(self, i):
@@ -192,18 +197,3 @@ def test_gpu_decode_without_cuda_fails_at_start_in_one_line(jpeg_tree, tmp_path)
     assert r.stderr.strip().splitlines() == [
         "error: data.decode=gpu needs CUDA (nvJPEG) and this machine has none: use data.decode=cpu"
     ]
-
-
-def test_the_training_tree_is_listed_once_and_train_eval_gives_its_files_with_eval_transforms(jpeg_tree, monkeypatch):
-    """An ImageNet-size tree takes minutes to list on a network filesystem: train_eval (INT8
-    calibration, the whitening fit) reuses the training listing instead of listing train/ again."""
-    from torchvision import datasets as tvd
-
-    listed, real = [], tvd.ImageFolder.make_dataset
-    monkeypatch.setattr(tvd.ImageFolder, "make_dataset", staticmethod(lambda d, *a, **k: (listed.append(d), real(d, *a, **k))[1]))
-    common = ("data=imagenet", f"data.root={jpeg_tree}", "data.image_size=32")
-    data = build_data(make_cfg(*common).data)
-    assert sorted(listed) == sorted(str(jpeg_tree / s) for s in ("train", "val"))
-    image, label = data.train_eval[5]
-    assert (image.shape, label) == ((3, 32, 32), data.train.dataset.samples[5][1])
-    assert torch.equal(data.train_eval[5][0], data.train_eval[5][0])  # eval transforms: no random crop

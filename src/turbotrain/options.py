@@ -3,7 +3,7 @@ The entry points import it first; a new option module is added here (a test chec
 
 from turbotrain.compression import compress, conv_lowrank, lowrank, prune
 from turbotrain.core.registry import options_loaded
-from turbotrain.data import folder, loader, text, vision
+from turbotrain.data import arrow, folder, loader, tars, text, vision
 from turbotrain.deploy import quantize
 from turbotrain.models import fast_cnn
 from turbotrain.models import text as text_models
@@ -16,7 +16,9 @@ MODULES = (
     conv_lowrank,
     lowrank,
     prune,
+    arrow,
     folder,
+    tars,
     loader,
     text,
     vision,

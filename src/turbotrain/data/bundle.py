@@ -3,8 +3,6 @@ the data registry with `build_data`, which picks the registered builder."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -48,16 +46,6 @@ class DataBundle:
     train_eval: Dataset | None = None  # training samples with eval transforms (INT8 calibration)
     collate: Callable | None = None
     batches_on_device: bool = False  # training batches come out of the dataset on the GPU (data.decode=gpu)
-
-
-def class_files(samples: list[tuple[str, int]], classes: list[str]) -> dict[str, str]:
-    """Per class, a digest of its training files' names and sizes (not their folder: data.root may
-    move): a resume notices class folders swapped or renamed (the same class names and counts,
-    other labels), which the class names alone do not. One stat per file."""
-    names: dict[str, list[str]] = {c: [] for c in classes}
-    for path, label in samples:
-        names[classes[label]].append(f"{os.path.basename(path)} {os.path.getsize(path)}")
-    return {c: hashlib.sha1("\n".join(sorted(files)).encode()).hexdigest()[:16] for c, files in names.items()}
 
 
 def build_data(data_cfg, tokenizer=None) -> DataBundle:

@@ -5,8 +5,8 @@ a view of the file, nothing to copy or decode, and a crop of it is already in th
 layout torch's uint8 resize is fastest on), `jpeg` re-encoded at that size (smaller on disk,
 cheap to decode).
 
-A cache is named by a fingerprint of the split's file list (paths, sizes, mtimes) and the
-settings, so a later run on the same tree reuses it and a changed tree or setting builds a new
+A cache is named by the source's fingerprint of the split (data/encoded.py: for a folder tree its
+paths, sizes and mtimes) and the settings, so a later run on the same tree reuses it and a changed tree or setting builds a new
 one. The build runs on every core (loader workers), shows a progress bar, skips files that fail
 to decode (counted and named) and is atomic: it fills a temp folder that replaces the cache in one
 rename, so a killed build leaves nothing that looks valid."""
@@ -35,26 +35,22 @@ VERSION = 3  # bump when the stored format changes (2: images are never enlarged
 DATA_FILE, INDEX_FILE = "images.bin", "index.json"
 
 
-def fingerprint(samples: list[tuple[str, int]], kind: str, size: int) -> str:
-    h = hashlib.sha256(f"v{VERSION} {kind} {size}\n".encode())
-    for path, label in samples:
-        st = os.stat(path)
-        h.update(f"{path}\t{label}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:16]
+def fingerprint(source, kind: str, size: int) -> str:
+    return hashlib.sha256(f"v{VERSION} {kind} {size} {source.fingerprint}".encode()).hexdigest()[:16]
 
 
 class _Decode(Dataset):
-    """One file -> its stored bytes (uint8, HWC raw pixels or JPEG) and CHW shape, or the error that stopped it."""
+    """One image -> its stored bytes (uint8, HWC raw pixels or JPEG) and CHW shape, or the error that stopped it."""
 
-    def __init__(self, samples: list[tuple[str, int]], read, kind: str, size: int):
-        self.samples, self.read, self.kind, self.size = samples, read, kind, size
+    def __init__(self, source, read, kind: str, size: int):
+        self.source, self.read, self.kind, self.size = source, read, kind, size
 
     def __len__(self) -> int:
-        return len(self.samples)
+        return len(self.source)
 
     def __getitem__(self, i: int):
         try:
-            image = self.read(self.samples[i][0]).as_subclass(torch.Tensor)
+            image = self.read(self.source.encoded(i)).as_subclass(torch.Tensor)
             if min(image.shape[-2:]) > self.size:  # enlarging would only add bytes
                 image = TF.resize(image, self.size, antialias=True)
         except Exception as e:  # a bad file is skipped and named, as in training
@@ -63,28 +59,28 @@ class _Decode(Dataset):
         return i, data.flatten(), tuple(image.shape), None
 
 
-def build(folder: Path, samples: list[tuple[str, int]], read, kind: str, size: int) -> None:
-    """Decode, resize and store every sample of `samples` into `folder` (atomically)."""
+def build(folder: Path, source, read, kind: str, size: int) -> None:
+    """Decode, resize and store every image of `source` (data/encoded.py) into `folder` (atomically)."""
 
     def fill(tmp: Path) -> None:
         t0, offsets, shapes, labels, bad, offset = time.perf_counter(), [], [], [], [], 0
         loader = DataLoader(
-            _Decode(samples, read, kind, size),
+            _Decode(source, read, kind, size),
             batch_size=None,
             num_workers=os.cpu_count() or 1,
             prefetch_factor=8,
             generator=torch.Generator(),  # the workers' seed; without one it is drawn from the global RNG
         )
-        bar = tqdm(loader, total=len(samples), desc=f"data.cache={kind}: decoding", leave=False, disable=None)  # None: a tty only
+        bar = tqdm(loader, total=len(source), desc=f"data.cache={kind}: decoding", leave=False, disable=None)  # None: a tty only
         with open(tmp / DATA_FILE, "wb") as f:
             for i, data, shape, error in bar:
                 if error is not None:
-                    bad.append(f"{samples[i][0]} ({error})")
+                    bad.append(f"{source.name(i)} ({error})")
                     continue
                 f.write(data.numpy().tobytes())
                 offsets.append(offset)
                 shapes.append(shape)
-                labels.append(samples[i][1])
+                labels.append(int(source.labels[i]))
                 offset += data.numel()
         seconds = time.perf_counter() - t0
         stats = {"images": len(labels), "bad": bad, "seconds": seconds, "bytes": offset}
@@ -136,12 +132,12 @@ class CachedImages(Dataset):
         return self.load([i])[0], int(self.labels[i])
 
 
-def open_cache(cache_root: Path, name: str, samples: list[tuple[str, int]], read, kind: str, size: int) -> CachedImages:
-    """The cache of `samples` under `cache_root`, built first when there is none for them."""
-    folder = cache_root / f"{name}-{kind}{size}-{fingerprint(samples, kind, size)}"
+def open_cache(cache_root: Path, name: str, source, read, kind: str, size: int) -> CachedImages:
+    """The cache of `source`'s images under `cache_root`, built first when there is none for them."""
+    folder = cache_root / f"{name}-{kind}{size}-{fingerprint(source, kind, size)}"
     if not (folder / INDEX_FILE).is_file():
         _name_older(cache_root, name, folder)
-        build(folder, samples, read, kind, size)
+        build(folder, source, read, kind, size)
     return CachedImages(folder)
 
 

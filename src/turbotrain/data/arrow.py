@@ -1,0 +1,91 @@
+"""data=hf_images: an image classification dataset in Hugging Face `datasets` format: a folder
+written by `save_to_disk` (data.format=disk), Parquet files (parquet: the Hub's layout,
+train-*.parquet, data/validation-*.parquet, ...), or an image folder read by datasets' own
+builder (imagefolder). Rows are memory-mapped Arrow; each image is decoded from its bytes with
+torchvision.io, never through PIL's per-row decode. Labels and class names come from the label
+column's ClassLabel feature (its integers as names where it has none)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torchvision.io import read_file
+
+from turbotrain.core.schema import ConfigError, setting
+from turbotrain.data.bundle import DATA, DataBundle
+from turbotrain.data.encoded import ImageSource, image_bundle
+from turbotrain.data.folder import EncodedImagesConfig, required_root
+
+
+@dataclass
+class HFImagesConfig(EncodedImagesConfig):
+    format: str = setting("disk", choices=("disk", "parquet", "imagefolder"), numeric=False)
+    train_split: str = "train"
+    val_split: str = "validation"
+    image_column: str = "image"
+    label_column: str = "label"
+
+
+class ArrowSource(ImageSource):
+    """One split of a `datasets.Dataset`: its image column undecoded ({"bytes", "path"}), labels as an array."""
+
+    def __init__(self, ds, split: str, image_column: str, label_column: str):
+        import datasets
+
+        feature = ds.features[label_column]
+        self.labels = np.asarray(ds.data.column(label_column).to_numpy(), dtype=np.int64)
+        top = int(self.labels.max()) if len(self.labels) else -1
+        self.classes = list(feature.names) if isinstance(feature, datasets.ClassLabel) else [str(k) for k in range(top + 1)]
+        self.rows = ds.select_columns([image_column]).cast_column(image_column, datasets.Image(decode=False))
+        self.split, self.column, self.fingerprint = split, image_column, ds._fingerprint
+
+    def name(self, i: int) -> str:
+        return f"split {self.split} row {i}"
+
+    def encoded(self, i: int) -> torch.Tensor:
+        image = self.rows[i][self.column] or {}
+        if image.get("bytes") is not None:
+            return torch.frombuffer(bytearray(image["bytes"]), dtype=torch.uint8)
+        if image.get("path"):
+            return read_file(image["path"])
+        raise ValueError("the row has no image (neither bytes nor a path)")
+
+
+def _load(cfg, root: Path):
+    """The DatasetDict at data.root, in data.format."""
+    import datasets
+
+    try:
+        if cfg.format == "disk":
+            loaded = datasets.load_from_disk(str(root))
+        else:
+            cache = Path(os.path.expanduser(cfg.cache_dir)) / "hf"
+            loaded = datasets.load_dataset(cfg.format, data_dir=str(root), cache_dir=str(cache))
+    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as e:
+        raise ConfigError(f"data.root={cfg.root}: not a dataset in data.format={cfg.format}: {e}") from e
+    if isinstance(loaded, datasets.Dataset):
+        raise ConfigError(f"data.root={cfg.root}: one split saved, no {cfg.val_split}: save a DatasetDict with both")
+    return loaded
+
+
+def _split(cfg, loaded, key: str):
+    split = getattr(cfg, key)
+    if split not in loaded:
+        raise ConfigError(f"data.{key}={split}: no such split in data.root={cfg.root} (it has {', '.join(loaded)})")
+    ds = loaded[split]
+    for column in (cfg.image_column, cfg.label_column):
+        if column not in ds.column_names:
+            which = "image_column" if column == cfg.image_column else "label_column"
+            raise ConfigError(f"data.{which}={column}: split {split} has columns {', '.join(ds.column_names)}")
+    return ArrowSource(ds, split, cfg.image_column, cfg.label_column)
+
+
+@DATA.register("hf_images", HFImagesConfig, kind="image")
+def hf_images(cfg, tokenizer=None) -> DataBundle:
+    root = required_root(cfg, "a save_to_disk folder, Parquet files or an image folder, by data.format")
+    loaded = _load(cfg, root)
+    return image_bundle(cfg, root.resolve().name, _split(cfg, loaded, "train_split"), _split(cfg, loaded, "val_split"))

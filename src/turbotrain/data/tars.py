@@ -1,0 +1,224 @@
+"""data=webdataset: WebDataset tar shards (`train-{000000..001023}.tar`, each sample `<key>.jpg`
+(or .jpeg/.png/.webp) and `<key>.cls`, the label as text, or `<key>.json` with a "label"), read by
+random access: each shard's members are indexed once with the standard library's tarfile (headers
+only, plus the label members), the index saved under data.cache_dir/index, and an image is one
+pread at its offset. So the epoch order, the split across ranks and workers (no sample twice in an
+epoch), the seeded augmentation and the exact mid-epoch resume are the image folder's, and a
+thousand shards are a thousand files to open, not a million.
+
+Shards must be plain (uncompressed) tars on a local or mounted filesystem (NFS, Lustre, an object
+store mounted with mountpoint-s3 or gcsfuse): random access cannot go through a pipe or an HTTP
+stream. `python -m turbotrain.data.shards` writes them from an image folder tree."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from braceexpand import braceexpand
+
+from turbotrain.core.atomic import atomic_write
+from turbotrain.core.schema import ConfigError
+from turbotrain.data.bundle import DATA, DataBundle
+from turbotrain.data.encoded import ImageSource, image_bundle
+from turbotrain.data.folder import EncodedImagesConfig, required_root
+from turbotrain.data.listing import pack_strings, unpack_string
+from turbotrain.data.safe import DataError
+
+log = logging.getLogger("turbotrain")
+VERSION = 1  # bump when the saved index's layout changes
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+CLASSES_FILE = "classes.txt"  # beside the shards: one class name per line, label order
+OPEN_FILES = 128  # shards a process keeps open at once
+
+
+@dataclass
+class ShardsConfig(EncodedImagesConfig):
+    # relative to data.root (or absolute); {a..b} ranges and * globs
+    train_shards: str = "train-*.tar"
+    val_shards: str = "val-*.tar"
+
+
+def shard_paths(cfg, root: Path, key: str) -> list[Path]:
+    """The shards a pattern names, in its order; a missing shard or an empty glob is one line naming it."""
+    pattern = getattr(cfg, key)
+    if re.match(r"^[a-z][a-z0-9+]*:", pattern):
+        raise ConfigError(
+            f"data.{key}={pattern}: shards are read by random access, from a local or mounted filesystem, "
+            "not a URL: mount the bucket (mountpoint-s3, gcsfuse) or copy the shards, and give their path"
+        )
+    paths = []
+    for name in braceexpand(os.path.expanduser(pattern)):
+        full = root / name
+        if glob.has_magic(name):
+            matched = sorted(glob.glob(str(full)))
+            if not matched:
+                raise ConfigError(f"data.{key}={pattern}: no shard matches {full}")
+            paths += [Path(p) for p in matched]
+        elif not full.is_file():
+            raise ConfigError(f"data.{key}={pattern}: missing shard {full}")
+        else:
+            paths.append(full)
+    return paths
+
+
+def _label(member_bytes: bytes, ext: str) -> int:
+    if ext == "cls":
+        return int(member_bytes.decode().strip())
+    meta = json.loads(member_bytes)
+    return int(meta["label"] if "label" in meta else meta["cls"])
+
+
+def _samples_of(tar: tarfile.TarFile):
+    """(key, {ext: member}) per sample: consecutive members sharing a key (WebDataset's grouping)."""
+    key, group = None, {}
+    for member in tar:
+        if not member.isfile():
+            continue
+        directory, base = os.path.split(member.name)
+        stem, dot, ext = base.partition(".")
+        if not dot:
+            continue
+        name = os.path.join(directory, stem)
+        if name != key and group:
+            yield key, group
+            group = {}
+        key, group[ext.lower()] = name, member
+    if group:
+        yield key, group
+
+
+def index_shard(path: Path, policy: str) -> tuple[list[str], list[int], list[int], list[int], int]:
+    """(keys, offsets, sizes, labels, skipped) of one shard's samples; a damaged shard keeps its
+    samples before the damage (data.on_bad_sample=skip) or stops the run naming it (error)."""
+    keys, offsets, sizes, labels, skipped = [], [], [], [], 0
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for key, group in _samples_of(tar):
+                image = next((group[e] for e in IMAGE_EXTS if e in group), None)
+                label = next((e for e in ("cls", "json") if e in group), None)
+                if image is None or label is None:
+                    skipped += 1
+                    log.warning("bad sample %s:%s: no image or no label member (.cls, .json) (skipped)", path, key)
+                    continue
+                keys.append(key), offsets.append(image.offset_data), sizes.append(image.size)
+                labels.append(_label(tar.extractfile(group[label]).read(), label))
+    except (tarfile.TarError, OSError, ValueError, KeyError) as e:
+        message = f"shard {path} is damaged after {len(keys)} samples: {type(e).__name__}: {e}"
+        if policy == "error":
+            raise DataError(message + " (data.on_bad_sample=skip keeps the samples before the damage)") from e
+        log.warning("%s (its later samples skipped)", message)
+        skipped += 1
+    if skipped and policy == "error":
+        raise DataError(f"shard {path}: {skipped} sample(s) without an image or a label (data.on_bad_sample=skip skips them)")
+    return keys, offsets, sizes, labels, skipped
+
+
+def _index(paths: list[Path], policy: str) -> dict:
+    out = {"keys": [], "shard": [], "offsets": [], "sizes": [], "labels": []}
+    skipped = 0
+    for s, path in enumerate(paths):
+        keys, offsets, sizes, labels, bad = index_shard(path, policy)
+        out["keys"] += keys
+        out["shard"] += [s] * len(keys)
+        out["offsets"] += offsets
+        out["sizes"] += sizes
+        out["labels"] += labels
+        skipped += bad
+    keys, key_offsets = pack_strings(out["keys"])
+    arrays = {k: np.asarray(out[k], dtype=np.int64) for k in ("shard", "offsets", "sizes", "labels")}
+    return {"keys": keys, "key_offsets": key_offsets, **arrays, "skipped": np.array(skipped)}
+
+
+def load_index(paths: list[Path], index_dir: Path, policy: str) -> dict:
+    """The shards' index: the saved one for these shards (paths, sizes, mtimes), else built and saved."""
+    stats = "\n".join(f"{p.resolve()} {(st := p.stat()).st_size} {st.st_mtime_ns}" for p in paths)
+    digest = hashlib.sha256(f"v{VERSION}\n{stats}".encode()).hexdigest()[:16]
+    saved = index_dir / f"shards-{digest}.npz"
+    if saved.is_file():
+        with np.load(saved) as f:
+            return {**dict(f), "digest": digest}
+    index = _index(paths, policy)
+    buffer = io.BytesIO()
+    np.savez(buffer, **index)
+    try:
+        atomic_write(saved, lambda f: f.write(buffer.getbuffer()))
+    except OSError as e:  # a read-only cache dir: the next start indexes again
+        log.warning("data.index: could not save the index of %d shards (%s)", len(paths), e)
+    return {**index, "digest": digest}
+
+
+def _class_files(keys: list[str], sizes: np.ndarray, labels: np.ndarray, classes: list[str]) -> dict[str, str]:
+    """Per class, a digest of its samples' keys and image sizes (as an image folder's class digest)."""
+    names: dict[str, list[str]] = {c: [] for c in classes}
+    for key, size, label in zip(keys, sizes.tolist(), labels.tolist()):
+        names[classes[label]].append(f"{key} {size}")
+    return {c: hashlib.sha1("\n".join(sorted(v)).encode()).hexdigest()[:16] for c, v in names.items()}
+
+
+class ShardSource(ImageSource):
+    """One split's samples across its shards: shard number, image offset and size, label (arrays)."""
+
+    def __init__(self, paths: list[Path], index: dict, classes: list[str]):
+        self.paths, self.classes = [str(p) for p in paths], classes
+        self.keys, self.key_offsets = index["keys"], index["key_offsets"]
+        self.shard, self.offsets, self.sizes, self.labels = index["shard"], index["offsets"], index["sizes"], index["labels"]
+        self.fingerprint = str(index["digest"])
+        keys = [unpack_string(self.keys, self.key_offsets, i) for i in range(len(self.labels))]
+        self.class_files = _class_files(keys, self.sizes, self.labels, classes)
+        self._open: dict[int, int] = {}
+
+    def __getstate__(self) -> dict:  # a spawned worker opens its own files
+        return {**self.__dict__, "_open": {}}
+
+    def name(self, i: int) -> str:
+        return f"{self.paths[self.shard[i]]}:{unpack_string(self.keys, self.key_offsets, i)}"
+
+    def encoded(self, i: int) -> torch.Tensor:
+        s = int(self.shard[i])
+        if s not in self._open:
+            if len(self._open) >= OPEN_FILES:
+                for fd in self._open.values():
+                    os.close(fd)
+                self._open.clear()
+            self._open[s] = os.open(self.paths[s], os.O_RDONLY)
+        data = os.pread(self._open[s], int(self.sizes[i]), int(self.offsets[i]))
+        if len(data) < self.sizes[i]:
+            raise OSError(f"the shard ends {self.sizes[i] - len(data)} bytes into this member (truncated?)")
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _classes(cfg, train_paths: list[Path], labels: list[np.ndarray]) -> list[str]:
+    """classes.txt beside the training shards, or the label numbers as names."""
+    listed = train_paths[0].parent / CLASSES_FILE
+    top = max((int(a.max()) for a in labels if len(a)), default=-1)
+    if not listed.is_file():
+        return [str(k) for k in range(top + 1)]
+    classes = [line for line in listed.read_text().splitlines() if line]
+    if top >= len(classes):
+        raise ConfigError(f"data.root={cfg.root}: label {top} in the shards, but {listed} names {len(classes)} classes")
+    return classes
+
+
+@DATA.register("webdataset", ShardsConfig, kind="image")
+def webdataset(cfg, tokenizer=None) -> DataBundle:
+    root = required_root(cfg, "a dir of WebDataset tar shards: train-*.tar, val-*.tar")
+    index_dir = Path(os.path.expanduser(cfg.cache_dir)) / "index"
+    paths = {split: shard_paths(cfg, root, f"{split}_shards") for split in ("train", "val")}
+    indexes = {split: load_index(p, index_dir, cfg.on_bad_sample) for split, p in paths.items()}
+    classes = _classes(cfg, paths["train"], [ix["labels"] for ix in indexes.values()])
+    train, val = (ShardSource(paths[s], indexes[s], classes) for s in ("train", "val"))
+    skipped = sum(int(ix["skipped"]) for ix in indexes.values())
+    if skipped:
+        log.warning("data=webdataset: %d damaged or incomplete sample(s) left out of the index", skipped)
+    return image_bundle(cfg, root.resolve().name, train, val)

@@ -1,0 +1,90 @@
+"""data=imagenet's listing (data/listing.py): torchvision ImageFolder's samples and order, one pass
+over the tree, saved and reused while the directories are unchanged."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision import datasets as tvd
+
+from conftest import make_cfg
+from turbotrain.data import build_data, listing
+from turbotrain.data.listing import FolderSource
+
+
+@pytest.fixture()
+def tree(jpeg_tree, tmp_path):
+    root = tmp_path / "tree"
+    shutil.copytree(jpeg_tree, root)
+    nested = root / "train" / "china" / "b-side" / "deeper"  # '-' sorts before '/': ImageFolder's path order
+    nested.mkdir(parents=True)
+    shutil.copy(root / "train" / "china" / "001.jpg", nested / "X.JPG")
+    shutil.copy(root / "train" / "china" / "002.jpg", root / "train" / "china" / "b.jpeg")
+    (root / "train" / "flower" / "notes.txt").write_text("not listed")
+    return root
+
+
+def _args(root, cache_dir, *extra):
+    return ("data=imagenet", f"data.root={root}", "data.image_size=32", f"data.cache_dir={cache_dir}", *extra)
+
+
+def test_the_listing_is_imagefolders_samples_in_its_order(tree):
+    reference = tvd.ImageFolder(str(tree / "train"))
+    source = FolderSource(listing.scan(tree / "train"))
+    assert source.classes == reference.classes
+    assert [(source.name(i), int(source.labels[i])) for i in range(len(source))] == reference.samples
+    file = Path(reference.samples[3][0]).read_bytes()
+    assert torch.equal(source.encoded(3), torch.frombuffer(bytearray(file), dtype=torch.uint8))
+
+
+def _count_file_access(monkeypatch):
+    """Directories read (os.scandir) and files stat-ed by path (os.stat, os.path.getsize) from here on."""
+    read, stated = [], []
+    real_scandir, real_stat, real_getsize = os.scandir, os.stat, os.path.getsize
+    monkeypatch.setattr(listing.os, "scandir", lambda p: (read.append(str(p)), real_scandir(p))[1])
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: (stated.append(str(p)), real_stat(p, *a, **k))[1])
+    monkeypatch.setattr(os.path, "getsize", lambda p: (stated.append(str(p)), real_getsize(p))[1])
+    return read, stated
+
+
+def test_a_start_lists_each_directory_once_and_a_later_start_stats_directories_only(tree, tmp_path, monkeypatch):
+    """Before: train/ listed twice by ImageFolder (train, train_eval), then every training file
+    stat-ed for the class digest and again for the cache fingerprint, at every start."""
+    dirs = [str(d) for split in ("train", "val") for d in [tree / split, *(tree / split).rglob("*")] if d.is_dir()]
+    files = {str(p) for p in tree.rglob("*") if p.is_file()}
+    cfg = make_cfg(*_args(tree, tmp_path / "c")).data
+    read, stated = _count_file_access(monkeypatch)
+    data = build_data(cfg)
+    assert sorted(read) == sorted(dirs)  # each directory once: train_eval is the same listing
+    assert not files & set(stated)  # each file: one DirEntry.stat, in the pass (digest and fingerprint from it)
+    image, label = data.train_eval[5]
+    assert (image.shape, label) == ((3, 32, 32), int(data.train.dataset.source.labels[5]))
+    assert torch.equal(data.train_eval[5][0], data.train_eval[5][0])  # eval transforms: no random crop
+    read.clear(), stated.clear()
+    again = build_data(cfg)
+    assert read == [] and not files & set(stated)  # the saved listing, its directories' mtimes checked
+    assert set(dirs) <= set(stated)
+    assert again.class_files == data.class_files and len(again.train) == len(data.train)
+
+
+def test_a_changed_tree_is_listed_again(tree, tmp_path):
+    args = _args(tree, tmp_path / "c")
+    first = build_data(make_cfg(*args).data)
+    shutil.copy(tree / "train" / "flower" / "001.jpg", tree / "train" / "flower" / "new.jpg")
+    added = build_data(make_cfg(*args).data)
+    assert len(added.train) == len(first.train) + 1 and added.class_files["flower"] != first.class_files["flower"]
+    (tree / "train" / "china" / "b-side" / "deeper" / "X.JPG").unlink()  # deep in a class: its folder's mtime
+    removed = build_data(make_cfg(*args).data)
+    assert len(removed.train) == len(first.train) and removed.class_files["china"] != first.class_files["china"]
+    victim = tree / "train" / "china" / "000.jpg"
+    stat = victim.stat()
+    victim.write_bytes(victim.read_bytes()[:-10])  # rewritten in place: no directory changes
+    os.utime(tree / "train" / "china", ns=(stat.st_atime_ns, tree.joinpath("train", "china").stat().st_mtime_ns))
+    kept = build_data(make_cfg(*args).data)
+    assert kept.class_files == removed.class_files  # the documented limit of the saved listing
+    rescanned = build_data(make_cfg(*args, "data.index=rescan").data)
+    assert rescanned.class_files["china"] != removed.class_files["china"]
