@@ -7,6 +7,9 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import datasets
@@ -106,3 +109,99 @@ def test_a_corrupt_member_is_skipped_and_counted_and_a_damaged_or_missing_shard_
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"error: data.train_shards=train-{{000000..000010}}.tar: missing shard {shards / 'train-000010.tar'}"
     ]
+
+
+SITE = """
+import os
+from turbotrain.data import tars
+
+real = tars.ShardSource.encoded
+
+
+def traced(self, i):  # each training sample a process reads, by name
+    if "/train-" in (name := self.name(i)):
+        with open(os.path.join(os.environ["SAMPLE_TRACE"], str(os.getpid())), "a") as f:
+            f.write(name + "\\n")
+    return real(self, i)
+
+
+tars.ShardSource.encoded = traced
+"""
+
+
+def test_two_process_ddp_over_shards_reads_every_training_sample_once_per_epoch(made, tmp_path):
+    """Real torchrun-style ranks; the samples each reads are traced at the read (ShardSource.encoded)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SITE)
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "SAMPLE_TRACE": str(trace)}
+    args = ("data=webdataset", f"data.root={made / 'shards'}", "data.image_size=16", "data.batch_size=8", "model=small_cnn")
+    more = ("model.width=4", "trainer.max_epochs=1", "trainer.progress_bar=false", f"data.cache_dir={tmp_path / 'cache'}")
+    r = run_cli("train.py", *args, *more, "distributed=ddp", "distributed.nproc=2", f"hydra.run.dir={tmp_path / 'run'}", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = [f.read_text().splitlines() for f in trace.iterdir()]
+    source = _data("shards", made / "shards", tmp_path / "c").train.dataset.source
+    assert sorted(len(names) for names in ranks) == [48, 48]  # 96 samples, 2 ranks x 6 steps x 8
+    assert sorted(n for names in ranks for n in names) == sorted(source.name(i) for i in range(len(source)))
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """400 small training JPEGs in 4 classes (enough steps to kill a run mid-epoch), as a tree, shards, and a dataset."""
+    import numpy as np
+    from PIL import Image
+
+    out = tmp_path_factory.mktemp("many")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 100), ("val", 8)):
+        for c in range(4):
+            d = out / "tree" / split / f"class{c}"
+            d.mkdir(parents=True)
+            for i in range(n):
+                pixels = rng.integers(0, 256, (20, 20, 3), dtype=np.uint8) // 4 + np.uint8(60 * c)
+                Image.fromarray(pixels).save(d / f"{i:03d}.jpg", quality=90)
+    convert(out / "tree", out / "shards", per_shard=64)
+    datasets.load_dataset("imagefolder", data_dir=str(out / "tree"), cache_dir=str(out / "hf")).save_to_disk(str(out / "disk"))
+    return out
+
+
+@pytest.mark.cpu_path
+@pytest.mark.parametrize(("option", "folder"), [("imagenet", "tree"), ("webdataset", "shards"), ("hf_images", "disk")])
+def test_kill_9_mid_epoch_and_resume_equals_the_uninterrupted_run(option, folder, many, tmp_path):
+    from omegaconf import OmegaConf
+    from test_resume import _events
+
+    from conftest import ROOT
+    from test_train import assert_same_run
+    from turbotrain.core.checkpoint import load
+    from turbotrain.train import numerics
+    from turbotrain.train.run import train
+
+    common = (
+        f"data={option}",
+        f"data.root={many / folder}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "data.image_size=16",
+        "data.batch_size=4",
+        "model=small_cnn",
+        "model.width=4",
+        "trainer.max_epochs=1",
+        "trainer.log_every_n_steps=1",
+        "trainer.progress_bar=false",
+        "trainer.checkpoint_every_minutes=0.003",
+    )
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *common, f"hydra.run.dir={cut}"], cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while not ((cut / "metrics.jsonl").is_file() and len(_events(cut)) >= 40):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    saved = load(cut / "checkpoints" / "last.pt")["state"]
+    assert saved["epoch"] == 0 and 0 < saved["global_step"] < 100  # a clock checkpoint, mid-epoch
+    train(make_cfg(*common, "trainer.resume=auto"), cut)
+    chosen = OmegaConf.create(load(cut / "checkpoints" / "last.pt")["config"])  # the killed run's own run-time choices
+    train(make_cfg(*common, *(f"{key}={OmegaConf.select(chosen, key)}" for key in numerics.AUTO)), full)
+    assert_same_run(full, cut)
