@@ -33,6 +33,7 @@ BENCHES = {  # CPU sizes: minutes each on 2 cores
     "overhead": ("overhead", "run", {}),
     "skip_sync": ("skip_sync", "run", {}),
     "time_to_accuracy": ("time_to_accuracy", "run", {}),  # ~25
+    "data_scale": ("data_scale", "run", {}),  # ~40, most of it writing the trees and their copies once
 }
 
 GPU_BENCHES = {  # bench/gpu_check.sh: GPU sizes, fp16 AMP + GradScaler, pinned memory; ~8 minutes in all

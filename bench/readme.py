@@ -98,6 +98,7 @@ FIGURES = {
     "precision": ("train_speed", "precision_figures"),
     "text_precision": ("train_speed", "text_figures"),
     "time_to_accuracy": ("time_to_accuracy", "figures"),
+    "data_scale": ("data_scale", "figures"),
     "resolution": ("resolution", "figures"),  # and its variants, resolution_* (so for every name)
 }
 
@@ -138,9 +139,16 @@ def time_to_accuracy(results: Path) -> str:
     return importlib.import_module("bench.time_to_accuracy").section(results)
 
 
+def data_scale(results: Path) -> str:
+    import importlib
+
+    return importlib.import_module("bench.data_scale").section(results)
+
+
 SECTIONS: dict[str, Callable[[Path], str]] = {
     "recipes": recipes,
     "time_to_accuracy": time_to_accuracy,
+    "data_scale": data_scale,
     "comparisons": comparisons,
 }
 

@@ -81,6 +81,23 @@ def jpeg_tree(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def jpeg_formats(jpeg_tree, tmp_path_factory) -> Path:
+    """jpeg_tree as WebDataset shards of 10 samples (shards/), as a save_to_disk folder (disk/) and
+    as Parquet files (parquet/), written by turbotrain's converter and by datasets itself."""
+    import datasets
+
+    from turbotrain.data.shards import convert
+
+    out = tmp_path_factory.mktemp("formats")
+    convert(jpeg_tree, out / "shards", per_shard=10)
+    loaded = datasets.load_dataset("imagefolder", data_dir=str(jpeg_tree), cache_dir=str(out / "hf_cache"))
+    loaded.save_to_disk(str(out / "disk"))
+    for split, ds in loaded.items():
+        ds.to_parquet(str(out / "parquet" / f"{split}-00000-of-00001.parquet"))
+    return out
+
+
 @pytest.fixture(params=["bf16", "fp32"])
 def amp_path(request, monkeypatch) -> str:
     """Runs a test once on each CPU path of `precision=amp` (bf16 where the CPU has it, else

@@ -194,6 +194,13 @@ SPECIFIC = {
         (b["data"].in_channels, b["image"].shape[-1], b["data"].class_names[0]) == (1, 28, "T-shirt/top")
     ),
     ("data", "imagenet"): lambda b: b["data"].class_names == ["china", "flower"] and b["image"].shape[0] == 3,
+    ("data", "webdataset"): lambda b: (
+        b["data"].class_names == ["china", "flower"]
+        and b["data"].train.dataset.source.name(0).endswith("train-000000.tar:000000000")
+    ),
+    ("data", "hf_images"): lambda b: (
+        b["data"].class_names == ["china", "flower"] and b["data"].val.dataset.source.name(0) == "split validation row 0"
+    ),
     ("data", "digits"): lambda b: b["image"].shape == (1, 8, 8) and len(b["data"].train) + len(b["data"].val) == 1797,
     ("data", "synthetic"): lambda b: len(b["data"].train) + len(b["data"].val) == 1024 and b["image"].shape == (3, 32, 32),
     ("deploy", "fp32"): lambda b: _quantized(b, "fp32") is b["model"],
@@ -250,13 +257,14 @@ def test_every_option_has_a_specific_check():
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_option_composes_and_instantiates(group, option, jpeg_tree, tmp_path):
+def test_option_composes_and_instantiates(group, option, jpeg_tree, jpeg_formats, tmp_path):
     if (group, option) in TEXT_OPTIONS:
         _text_option(group, option, tmp_path)
         return
     overrides = [f"{group}={option}", "data.batch_size=8"]
-    if group == "data" and option == "imagenet":
-        overrides.append(f"data.root={jpeg_tree}")
+    if group == "data" and option in ("imagenet", "webdataset", "hf_images"):
+        root = {"imagenet": jpeg_tree, "webdataset": jpeg_formats / "shards", "hf_images": jpeg_formats / "disk"}[option]
+        overrides += [f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}"]
     if group == "logger":
         overrides.append("logger.mode=disabled")
     cfg = make_cfg(*overrides)

@@ -31,27 +31,30 @@ class HFImagesConfig(EncodedImagesConfig):
 
 
 class ArrowSource(ImageSource):
-    """One split of a `datasets.Dataset`: its image column undecoded ({"bytes", "path"}), labels as an array."""
+    """One split of a `datasets.Dataset`: its image column as the memory-mapped Arrow column
+    ({"bytes", "path"} per row, read in place: a cast of it would copy every image into memory),
+    labels as an array."""
 
     def __init__(self, ds, split: str, image_column: str, label_column: str):
         import datasets
 
+        if ds._indices is not None:  # a selected or shuffled view: rows in their own order, once
+            ds = ds.flatten_indices()
         feature = ds.features[label_column]
         self.labels = np.asarray(ds.data.column(label_column).to_numpy(), dtype=np.int64)
         top = int(self.labels.max()) if len(self.labels) else -1
         self.classes = list(feature.names) if isinstance(feature, datasets.ClassLabel) else [str(k) for k in range(top + 1)]
-        self.rows = ds.select_columns([image_column]).cast_column(image_column, datasets.Image(decode=False))
-        self.split, self.column, self.fingerprint = split, image_column, ds._fingerprint
+        self.images, self.split, self.fingerprint = ds.data.column(image_column), split, ds._fingerprint
 
     def name(self, i: int) -> str:
         return f"split {self.split} row {i}"
 
     def encoded(self, i: int) -> torch.Tensor:
-        image = self.rows[i][self.column] or {}
-        if image.get("bytes") is not None:
-            return torch.frombuffer(bytearray(image["bytes"]), dtype=torch.uint8)
-        if image.get("path"):
-            return read_file(image["path"])
+        image = self.images[i]
+        if image.is_valid and (data := image["bytes"].as_py()) is not None:
+            return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if image.is_valid and (path := image["path"].as_py()):
+            return read_file(path)
         raise ValueError("the row has no image (neither bytes nor a path)")
 
 

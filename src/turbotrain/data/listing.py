@@ -22,7 +22,7 @@ import torch
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.io import read_file
 
-from turbotrain.core.atomic import atomic_write
+from turbotrain.core.atomic import WriteError, atomic_write
 from turbotrain.data.encoded import ImageSource
 
 log = logging.getLogger("turbotrain")
@@ -41,8 +41,11 @@ def unpack_string(buffer: np.ndarray, offsets: np.ndarray, i: int) -> str:
     return buffer[offsets[i] : offsets[i + 1]].tobytes().decode()
 
 
-def _walk(split: str, label: int, cls: str, out: dict) -> None:
-    """Every image file under split/cls (symlinks followed), in ImageFolder's order."""
+def _walk(split: str, label: int, cls: str, out: dict) -> str:
+    """Every image file under split/cls (symlinks followed), in ImageFolder's order, into `out`;
+    returns the class's digest of its files' names and sizes (not their folder: data.root may
+    move): a resume notices class folders swapped or renamed (the same class names and counts,
+    other labels), which the class names alone do not."""
     pending, found = [cls], []
     while pending:
         rel = pending.pop()
@@ -51,24 +54,17 @@ def _walk(split: str, label: int, cls: str, out: dict) -> None:
         out["dirs"].append(rel)
         out["dir_mtimes"].append(os.stat(os.path.join(split, rel)).st_mtime_ns)
         files = sorted((e for e in entries if not e.is_dir() and e.name.lower().endswith(IMG_EXTENSIONS)), key=lambda e: e.name)
-        found.append((rel, [(e.name, e.stat()) for e in files]))
-        pending += [os.path.join(rel, e.name) for e in entries if e.is_dir()]
-    for rel, files in sorted(found):
-        for f, st in files:
-            out["paths"].append(os.path.join(rel, f))
-            out["labels"].append(label)
-            out["sizes"].append(st.st_size)
-            out["mtimes"].append(st.st_mtime_ns)
-
-
-def _class_files(out: dict, classes: list[str]) -> dict[str, str]:
-    """Per class, a digest of its training files' names and sizes (not their folder: data.root may
-    move): a resume notices class folders swapped or renamed (the same class names and counts,
-    other labels), which the class names alone do not."""
-    names: dict[str, list[str]] = {c: [] for c in classes}
-    for path, label, size in zip(out["paths"], out["labels"], out["sizes"]):
-        names[classes[label]].append(f"{os.path.basename(path)} {size}")
-    return {c: hashlib.sha1("\n".join(sorted(files)).encode()).hexdigest()[:16] for c, files in names.items()}
+        found.append((rel, [e.name for e in files], [e.stat() for e in files]))
+        pending += [f"{rel}/{e.name}" for e in entries if e.is_dir()]
+    lines = []
+    for rel, names, stats in sorted(found):
+        sizes = [st.st_size for st in stats]
+        out["paths"] += [f"{rel}/{name}" for name in names]
+        out["sizes"] += sizes
+        out["mtimes"] += [st.st_mtime_ns for st in stats]
+        lines += [f"{name} {size}" for name, size in zip(names, sizes)]
+    out["labels"] += [label] * (len(out["paths"]) - len(out["labels"]))
+    return hashlib.sha1("\n".join(sorted(lines)).encode()).hexdigest()[:16]
 
 
 def scan(split: Path) -> dict:
@@ -76,9 +72,8 @@ def scan(split: Path) -> dict:
     root = str(split)
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
     out = {"paths": [], "labels": [], "sizes": [], "mtimes": [], "dirs": [""], "dir_mtimes": [os.stat(root).st_mtime_ns]}
-    for label, cls in enumerate(classes):
-        _walk(root, label, cls, out)
-    meta = {"version": VERSION, "root": root, "classes": classes, "class_files": _class_files(out, classes)}
+    class_files = {cls: _walk(root, label, cls, out) for label, cls in enumerate(classes)}
+    meta = {"version": VERSION, "root": root, "classes": classes, "class_files": class_files}
     paths, offsets = pack_strings(out["paths"])
     dirs, dir_offsets = pack_strings(out["dirs"])
     arrays = {
@@ -125,13 +120,19 @@ def load_listing(split: Path, index_dir: Path, rescan: bool) -> dict:
         except (OSError, ValueError, KeyError) as e:  # a damaged or foreign file: list again
             log.warning("data.index: could not read %s (%s); listing %s again", saved, e, root)
     listing = scan(Path(root))
-    buffer = io.BytesIO()
-    np.savez(buffer, **listing)
-    try:
-        atomic_write(saved, lambda f: f.write(buffer.getbuffer()))
-    except OSError as e:  # a read-only cache dir: the run goes on, the next start lists again
-        log.warning("data.index: could not save the listing of %s (%s)", root, e)
+    save_index(saved, listing, f"listing of {root}")
     return listing
+
+
+def save_index(path: Path, arrays: dict, what: str) -> None:
+    """Save a listing or an index (npz) atomically; where it cannot be written (a read-only cache
+    dir, a full disk) the run goes on and the next start lists or indexes again."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    try:
+        atomic_write(path, lambda f: f.write(buffer.getbuffer()))
+    except WriteError as e:
+        log.warning("data.index: could not save the %s: %s", what, e)
 
 
 class FolderSource(ImageSource):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import io
 import json
 import logging
 import os
@@ -27,16 +26,15 @@ import numpy as np
 import torch
 from braceexpand import braceexpand
 
-from turbotrain.core.atomic import atomic_write
 from turbotrain.core.schema import ConfigError
 from turbotrain.data.bundle import DATA, DataBundle
 from turbotrain.data.encoded import ImageSource, image_bundle
 from turbotrain.data.folder import EncodedImagesConfig, required_root
-from turbotrain.data.listing import pack_strings, unpack_string
+from turbotrain.data.listing import pack_strings, save_index, unpack_string
 from turbotrain.data.safe import DataError
 
 log = logging.getLogger("turbotrain")
-VERSION = 1  # bump when the saved index's layout changes
+VERSION = 2  # bump when the saved index's layout changes
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 CLASSES_FILE = "classes.txt"  # beside the shards: one class name per line, label order
 OPEN_FILES = 128  # shards a process keeps open at once
@@ -137,7 +135,16 @@ def _index(paths: list[Path], policy: str) -> dict:
         skipped += bad
     keys, key_offsets = pack_strings(out["keys"])
     arrays = {k: np.asarray(out[k], dtype=np.int64) for k in ("shard", "offsets", "sizes", "labels")}
-    return {"keys": keys, "key_offsets": key_offsets, **arrays, "skipped": np.array(skipped)}
+    digests = json.dumps(_label_files(out["keys"], out["sizes"], out["labels"]))
+    return {"keys": keys, "key_offsets": key_offsets, **arrays, "skipped": np.array(skipped), "label_files": np.array(digests)}
+
+
+def _label_files(keys: list[str], sizes: list[int], labels: list[int]) -> dict[str, str]:
+    """Per label, a digest of its samples' keys and image sizes (an image folder's class digest)."""
+    names: dict[int, list[str]] = {}
+    for key, size, label in zip(keys, sizes, labels):
+        names.setdefault(label, []).append(f"{key} {size}")
+    return {str(k): hashlib.sha1("\n".join(sorted(v)).encode()).hexdigest()[:16] for k, v in names.items()}
 
 
 def load_index(paths: list[Path], index_dir: Path, policy: str) -> dict:
@@ -149,21 +156,8 @@ def load_index(paths: list[Path], index_dir: Path, policy: str) -> dict:
         with np.load(saved) as f:
             return {**dict(f), "digest": digest}
     index = _index(paths, policy)
-    buffer = io.BytesIO()
-    np.savez(buffer, **index)
-    try:
-        atomic_write(saved, lambda f: f.write(buffer.getbuffer()))
-    except OSError as e:  # a read-only cache dir: the next start indexes again
-        log.warning("data.index: could not save the index of %d shards (%s)", len(paths), e)
+    save_index(saved, index, f"index of {len(paths)} shards")
     return {**index, "digest": digest}
-
-
-def _class_files(keys: list[str], sizes: np.ndarray, labels: np.ndarray, classes: list[str]) -> dict[str, str]:
-    """Per class, a digest of its samples' keys and image sizes (as an image folder's class digest)."""
-    names: dict[str, list[str]] = {c: [] for c in classes}
-    for key, size, label in zip(keys, sizes.tolist(), labels.tolist()):
-        names[classes[label]].append(f"{key} {size}")
-    return {c: hashlib.sha1("\n".join(sorted(v)).encode()).hexdigest()[:16] for c, v in names.items()}
 
 
 class ShardSource(ImageSource):
@@ -174,8 +168,8 @@ class ShardSource(ImageSource):
         self.keys, self.key_offsets = index["keys"], index["key_offsets"]
         self.shard, self.offsets, self.sizes, self.labels = index["shard"], index["offsets"], index["sizes"], index["labels"]
         self.fingerprint = str(index["digest"])
-        keys = [unpack_string(self.keys, self.key_offsets, i) for i in range(len(self.labels))]
-        self.class_files = _class_files(keys, self.sizes, self.labels, classes)
+        digests = json.loads(str(index["label_files"]))
+        self.class_files = {c: digests.get(str(k), "") for k, c in enumerate(classes)}
         self._open: dict[int, int] = {}
 
     def __getstate__(self) -> dict:  # a spawned worker opens its own files
