@@ -64,6 +64,11 @@ def _walk(split: str, label: int, cls: str, out: dict) -> str:
         out["mtimes"] += [st.st_mtime_ns for st in stats]
         lines += [f"{name} {size}" for name, size in zip(names, sizes)]
     out["labels"] += [label] * (len(out["paths"]) - len(out["labels"]))
+    return class_digest(lines)
+
+
+def class_digest(lines: list[str]) -> str:
+    """A class's digest of its samples' "name size" lines, in any order (what a resume compares)."""
     return hashlib.sha1("\n".join(sorted(lines)).encode()).hexdigest()[:16]
 
 

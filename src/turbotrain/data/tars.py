@@ -30,7 +30,7 @@ from turbotrain.core.schema import ConfigError
 from turbotrain.data.bundle import DATA, DataBundle
 from turbotrain.data.encoded import ImageSource, image_bundle
 from turbotrain.data.folder import EncodedImagesConfig, required_root
-from turbotrain.data.listing import pack_strings, save_index, unpack_string
+from turbotrain.data.listing import class_digest, pack_strings, save_index, unpack_string
 from turbotrain.data.safe import DataError
 
 log = logging.getLogger("turbotrain")
@@ -144,7 +144,7 @@ def _label_files(keys: list[str], sizes: list[int], labels: list[int]) -> dict[s
     names: dict[int, list[str]] = {}
     for key, size, label in zip(keys, sizes, labels):
         names.setdefault(label, []).append(f"{key} {size}")
-    return {str(k): hashlib.sha1("\n".join(sorted(v)).encode()).hexdigest()[:16] for k, v in names.items()}
+    return {str(k): class_digest(v) for k, v in names.items()}
 
 
 def load_index(paths: list[Path], index_dir: Path, policy: str) -> dict:
