@@ -211,15 +211,16 @@ def image_bundle(cfg, name: str, train: ImageSource, val: ImageSource) -> DataBu
     def safe(source: ImageSource, tf) -> SafeDataset:
         return SafeDataset(DecodedImages(source, reader, tf), cfg.on_bad_sample, source.name)
 
-    train_eval = safe(train, val_tf)  # the training images with eval transforms: the same listing
     if cfg.cache != "none":
         train_ds, val_ds, train_eval = _cached(cfg, name, {"train": train, "val": val}, reader, size)
         collate = NormalizeCollate(cfg.mean, cfg.std)
-    elif cfg.decode == "gpu":  # training batches on the GPU; evaluation decodes on the CPU as before
-        train_ds, val_ds = GpuDecodedTrain(train, size, [build_op(a) for a in cfg.augment], reader), safe(val, val_tf)
-        collate = GpuCollate(NormalizeCollate(cfg.mean, cfg.std), collate_skipping_bad)
-    else:
-        train_ds, val_ds, collate = safe(train, train_tf), safe(val, val_tf), collate_skipping_bad
+    else:  # train_eval: the training images with eval transforms, the same listing
+        train_eval, val_ds = safe(train, val_tf), safe(val, val_tf)
+        if cfg.decode == "gpu":  # training batches on the GPU; evaluation decodes on the CPU as before
+            train_ds = GpuDecodedTrain(train, size, [build_op(a) for a in cfg.augment], reader)
+            collate = GpuCollate(NormalizeCollate(cfg.mean, cfg.std), collate_skipping_bad)
+        else:
+            train_ds, collate = safe(train, train_tf), collate_skipping_bad
     return DataBundle(
         train=train_ds,
         val=val_ds,
