@@ -23,7 +23,7 @@ from turbotrain.core.errors import USER_ERRORS, as_disk_full, as_out_of_memory, 
 from turbotrain.train import sweep
 from turbotrain.train.preemption import Preempted
 from turbotrain.train.run import TrainingError, train
-from turbotrain.train.run_dir import note_run_dir, save_hydra_files, torchrun_argv
+from turbotrain.train.run_dir import note_run_dir, run_dir_argv, save_hydra_files
 
 register_configs()
 gc.freeze()
@@ -63,6 +63,6 @@ def main(cfg: DictConfig) -> float:
 if __name__ == "__main__":
     exit_on_unknown_option(sys.argv[1:], Path(__file__).parent / "conf")
     exit_on_help(sys.argv[1:], Path(__file__), "train")
-    sys.argv = torchrun_argv(sys.argv)
+    sys.argv = run_dir_argv(sys.argv)
     main()
     sys.exit(1 if sweep.failed_jobs() else 0)

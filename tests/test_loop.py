@@ -182,7 +182,8 @@ def test_warns_when_the_smallest_size_collapses_feature_maps(caplog):
 
 def test_dynamic_resolution_run_evaluates_at_nominal_size(tmp_path, monkeypatch):
     from conftest import TINY
-    from turbotrain.train import run as pipeline
+    from turbotrain.train import session as pipeline
+    from turbotrain.train.run import train
 
     sizes = {True: set(), False: set()}  # model.training -> input sizes seen
 
@@ -198,7 +199,7 @@ def test_dynamic_resolution_run_evaluates_at_nominal_size(tmp_path, monkeypatch)
 
     monkeypatch.setattr(pipeline, "evaluate", evaluate_and_watch)
     cfg = make_cfg(*TINY, "data.image_size=16", "data.resolution=dynamic", "data.resolution_step=4", "trainer.max_epochs=2")
-    assert pipeline.train(cfg, tmp_path) > 0.3
+    assert train(cfg, tmp_path) > 0.3
     assert sizes[False] == {(16, 16)}, sizes  # every validation batch at the nominal size
     assert len(sizes[True]) > 1, sizes  # while training (epoch 2) used several sizes
 

@@ -12,9 +12,10 @@ import pytest
 from conftest import TINY, make_cfg
 from test_train import assert_same_run
 from turbotrain.core.checkpoint import load
-from turbotrain.train import run as pipeline
+from turbotrain.train import session as pipeline
 from turbotrain.train import surgery
 from turbotrain.train.preemption import Preempted
+from turbotrain.train.run import train
 
 SHORT = (*TINY, "trainer.limit_train_batches=6")
 
@@ -32,7 +33,7 @@ def _signal_before(monkeypatch, module, name: str):
 
 def test_sigterm_during_validation_saves_the_epoch_and_resumes_exactly(tmp_path, monkeypatch):
     cfg = (*SHORT, "trainer.max_epochs=2")
-    pipeline.train(make_cfg(*cfg), tmp_path / "full")
+    train(make_cfg(*cfg), tmp_path / "full")
     seen = []
     real = pipeline.evaluate
 
@@ -45,17 +46,17 @@ def test_sigterm_during_validation_saves_the_epoch_and_resumes_exactly(tmp_path,
     with monkeypatch.context() as m:
         m.setattr(pipeline, "evaluate", evaluate_signalled_in_epoch_1)
         with pytest.raises(Preempted, match="stopped by SIGTERM at step 12"):
-            pipeline.train(make_cfg(*cfg), tmp_path / "split")
+            train(make_cfg(*cfg), tmp_path / "split")
     state = load(tmp_path / "split" / "checkpoints" / "last.pt")["state"]
     assert (state["epoch"], state["batch_in_epoch"], state["global_step"]) == (1, 6, 12)  # epoch 1 trained, not validated
-    pipeline.train(make_cfg(*cfg, "trainer.resume=auto"), tmp_path / "split")
+    train(make_cfg(*cfg, "trainer.resume=auto"), tmp_path / "split")
     assert_same_run(tmp_path / "full", tmp_path / "split")
 
 
 def test_sigterm_during_start_up_stops_before_training(tmp_path, monkeypatch):
     _signal_before(monkeypatch, pipeline, "build")
     with pytest.raises(Preempted, match="during start-up"):
-        pipeline.train(make_cfg(*SHORT, "trainer.max_epochs=50"), tmp_path)
+        train(make_cfg(*SHORT, "trainer.max_epochs=50"), tmp_path)
     assert not (tmp_path / "checkpoints").exists()
 
 
@@ -84,5 +85,5 @@ def test_sigterm_during_pruning_fine_tuning_stops_within_a_step(tmp_path, monkey
         "trainer.max_epochs=1",
     )
     with pytest.raises(Preempted, match="during pruning fine-tuning"):
-        pipeline.train(cfg, tmp_path)
+        train(cfg, tmp_path)
     assert steps == [1]

@@ -301,7 +301,7 @@ def test_finite_loss_with_nan_grads_is_skipped_with_nan_check_grads(tmp_path):
 def test_non_finite_weights_are_never_checkpointed(tmp_path, monkeypatch):
     """nan_check=loss (the default) does not look at gradients: a finite loss with NaN gradients
     poisons the weights. The run must stop before writing them, and last.pt must be the good one."""
-    from turbotrain.train import run as pipeline
+    from turbotrain.train import session as pipeline
 
     short = (*TINY, "precision=fp32", "trainer.limit_train_batches=6")
     train(make_cfg(*short, "trainer.max_epochs=1"), tmp_path)

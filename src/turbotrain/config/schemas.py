@@ -20,6 +20,7 @@ from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, UNIT_HALF_OPEN, UNIT_
 __all__ = ["ConfigError", "ExportConfig", "TrainConfig", "TrainerConfig", "register_configs"]
 
 
+REQUEUE_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGHUP", "SIGXCPU")  # trainer.requeue_signals may list these
 KNOBS = ("channels_last", "compile", "num_workers", "attention")  # trainer.autotune_knobs: settings that leave the numerics alone
 # settings that change the model's function: tuned only when trainer.autotune_knobs lists them.
 # attention_kernel: an attention option with the `approximates` trait (sliding_window) or the one it approximates (full)
@@ -51,6 +52,9 @@ class TrainerConfig:
     resume_strict: bool = True  # refuse to resume with a config that trains differently (max_epochs/max_steps may grow)
     progress_bar: bool = True  # a bar on a terminal; where stdout is not one, a plain line every progress_every_s
     progress_every_s: float = setting(30.0, bound=NON_NEGATIVE)
+    # a scheduler's warning before the time limit (sbatch --signal=USR2@120; submitit: USR2): stop
+    # as on SIGTERM, write last.pt, and have the job requeued; its rerun continues the run
+    requeue_signals: list[str] = setting(factory=lambda: ["SIGUSR1", "SIGUSR2"], choices=REQUEUE_SIGNALS)
     on_nan: str = setting("skip", choices=("skip", "stop"))  # non-finite loss: skip the step | stop the run
     nan_patience: int = setting(20, bound=POSITIVE)  # consecutive skipped steps before the run counts as diverged
     nan_check: str = setting("loss", choices=("loss", "grads"))  # what on_nan=skip checks: losses (free) | gradient norm

@@ -193,8 +193,7 @@ def _autotune(
     else:
         knobs = list(tc.autotune_knobs) if tc.autotune else ["num_workers"]
         knobs = [k for k in knobs if k != "num_workers" or not data.batches_on_device]
-        reduce = dist.all_reduce_sum if info.enabled else None
-        tuned = autotune(cfg, data, model, device, loaders.total_steps, reduce, knobs, stop)
+        tuned = autotune(cfg, data, model, device, loaders.total_steps, dist.summer(info), knobs, stop)
     apply_choice(cfg, tuned["chosen"])
     if data.kind == "text" and ATTENTION.of(cfg.attention).traits.get("kernels"):  # full attention, tuned or swapped in
         model.set_attn_implementation(cfg.attention.implementation)
@@ -216,4 +215,6 @@ def _placed(cfg, model: nn.Module, info: dist.DistInfo, device: torch.device) ->
         if device.type != "cuda":
             raise ConfigError("distributed.sync_bn=true needs CUDA (torch's SyncBatchNorm has no CPU kernel)")
         train_model = nn.SyncBatchNorm.convert_sync_batchnorm(train_model)
-    return DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
+    if device.type == "cuda":
+        return DistributedDataParallel(train_model, device_ids=[device.index])
+    return DistributedDataParallel(train_model, process_group=info.cpu_group)  # CPU tensors: the gloo group

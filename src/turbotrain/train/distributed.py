@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
 import os
 import signal
@@ -43,7 +44,9 @@ class DistInfo:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
-    cpu_group: object = None  # beside NCCL: a gloo group for the per-step agreement (no GPU round trip)
+    # a gloo group for every collective of CPU tensors: NCCL's default group has no CPU backend, and
+    # a per-step agreement over it would wait for the GPU's queue (None without DDP)
+    cpu_group: object = None
 
     @property
     def is_main(self) -> bool:
@@ -76,6 +79,12 @@ def in_worker_env() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def leads_job() -> bool:
+    """The job's leading process: alone, the launcher of turbotrain's own workers, or rank 0 under
+    torchrun (a scheduler's requeue is asked for once, by it)."""
+    return not in_worker_env() or (not os.environ.get(SELF_LAUNCHED) and int(os.environ["RANK"]) == 0)
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -91,7 +100,7 @@ def launches(dist_cfg) -> bool:
 
 
 @DISTRIBUTED.register("none", DistributedConfig)
-def single_process(dist_cfg, run_dir: Path, overrides: list[str]) -> None:
+def single_process(dist_cfg, run_dir: Path, overrides: list[str], requeue_signals: tuple = ()) -> None:
     """distributed=none: this process is the only worker; there is nothing to launch."""
 
 
@@ -112,8 +121,7 @@ def setup(dist_cfg, device_name: str) -> tuple[DistInfo, torch.device]:
         device_id=device if device.type == "cuda" else None,
         **_generation_store(info, timeout),
     )
-    if backend == "nccl":
-        info.cpu_group = dist.new_group(backend="gloo", timeout=timeout)
+    info.cpu_group = dist.new_group(backend="gloo", timeout=timeout)
     if not info.is_main:
         # One run dir, one writer: only rank 0 appends to Hydra's train.log; the other ranks
         # print warnings and errors only.
@@ -164,10 +172,21 @@ def local_rank_zero_first(info: DistInfo) -> Iterator[None]:
     dist.destroy_process_group(group)
 
 
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+def group_for(t: torch.Tensor, cpu_group):
+    """The group a collective of `t` takes: CPU tensors the gloo side group, device tensors the
+    default group (NCCL on GPUs)."""
+    return cpu_group if t.device.type == "cpu" else None
+
+
+def all_reduce_sum(t: torch.Tensor, cpu_group=None) -> torch.Tensor:
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group_for(t, cpu_group))
     return t
+
+
+def summer(info: DistInfo):
+    """t -> t summed over the ranks, each tensor over its device's group; None without DDP."""
+    return functools.partial(all_reduce_sum, cpu_group=info.cpu_group) if info.enabled else None
 
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -175,13 +194,13 @@ def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
-def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
-    """Every rank's `values`, on every rank (one row per rank)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+def gather_floats(values: list[float], cpu_group=None) -> list[list[float]]:
+    """Every rank's `values`, on every rank (one row per rank), over the CPU group."""
+    t = torch.tensor(values, dtype=torch.float64)
     if not (dist.is_available() and dist.is_initialized()):
         return [t.tolist()]
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t)
+    dist.all_gather(out, t, group=cpu_group)
     return [o.tolist() for o in out]
 
 
@@ -197,10 +216,12 @@ def balance_warning(rows: list[list[float]], names: tuple[str, ...], tolerance: 
 
 
 @DISTRIBUTED.register("ddp", DDPConfig, multi_process=True)
-def launch(dist_cfg, run_dir: Path, overrides: list[str]) -> None:
+def launch(dist_cfg, run_dir: Path, overrides: list[str], requeue_signals: tuple = ()) -> None:
     """Start `dist_cfg.nproc` workers running this same train.py with the same overrides and this
     run's dir, through torch.distributed's elastic launcher; raise naming the failed rank. A failed
-    worker restarts the whole group up to `distributed.max_restarts` times, continuing from last.pt."""
+    worker restarts the whole group up to `distributed.max_restarts` times, continuing from last.pt.
+    SIGTERM and the `requeue_signals` reaching this process are passed on to the workers, which
+    save and stop (Preempted here)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -215,7 +236,7 @@ def launch(dist_cfg, run_dir: Path, overrides: list[str]) -> None:
         max_restarts=dist_cfg.max_restarts,
         monitor_interval=0.5,
         rdzv_configs={"timeout": dist_cfg.timeout_s},
-        signals_to_handle="SIGINT,SIGHUP,SIGQUIT",  # torch's list without SIGTERM: _sigterm_once has it
+        signals_to_handle="SIGINT,SIGHUP,SIGQUIT",  # torch's list without SIGTERM: _stop_once has it
     )
     args = [os.path.abspath(sys.argv[0]), *overrides, f"hydra.run.dir={run_dir}"]
     os.environ[SELF_LAUNCHED] = "1"  # workers inherit it: their run dir is already agreed
@@ -223,13 +244,14 @@ def launch(dist_cfg, run_dir: Path, overrides: list[str]) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dist_cfg.nproc)))
     log.info("launching %d DDP workers (elastic launcher, c10d rendezvous) into %s", dist_cfg.nproc, run_dir)
     try:
-        with _sigterm_once(SignalException):
+        with _stop_once(SignalException, (signal.SIGTERM, *requeue_signals)):
             elastic_launch(config, sys.executable)(*args)
     except SignalException as e:  # the agent has passed the signal on; the workers saved last.pt
         raise Preempted(e.sigval, f"stopped by {e.sigval.name}; {resume_hint(run_dir)}") from e
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
-        if failure.exitcode in (128 + signal.SIGTERM, 128 + signal.SIGINT):  # one worker was told to stop: all saved
+        stops = (signal.SIGTERM, signal.SIGINT, *requeue_signals)
+        if failure.exitcode in [128 + s for s in stops]:  # one worker was told to stop: all saved
             signum = signal.Signals(failure.exitcode - 128)
             raise Preempted(signum, f"rank {rank} was stopped by {signum.name}; {resume_hint(run_dir)}") from e
         reason = f"exit code {failure.exitcode}"
@@ -239,9 +261,9 @@ def launch(dist_cfg, run_dir: Path, overrides: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_once(signal_exception: type) -> Iterator[None]:
+def _stop_once(signal_exception: type, signals: tuple) -> Iterator[None]:
     """The elastic agent raises on every SIGTERM, also on the second of a burst that arrives while
-    it waits for its workers to save and exit, and then abandons them. Here the first SIGTERM
+    it waits for its workers to save and exit, and then abandons them. Here the first of `signals`
     raises as the agent's own handler would (the agent forwards it and waits), the rest are
     ignored; the agent keeps its handlers for the other signals (LaunchConfig.signals_to_handle)."""
     if threading.current_thread() is not threading.main_thread():
@@ -254,11 +276,12 @@ def _sigterm_once(signal_exception: type) -> Iterator[None]:
             stopping.append(signum)
             raise signal_exception(f"Process {os.getpid()} got signal: {signal.Signals(signum)}", sigval=signal.Signals(signum))
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {s: signal.signal(s, handler) for s in signals}
     try:
         yield
-    finally:  # once stopping, the rest of a burst must not cut short the exit (code 143)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN if stopping else previous)
+    finally:  # once stopping, the rest of a burst must not cut short the exit (code 128 + signal)
+        for s, h in previous.items():
+            signal.signal(s, signal.SIG_IGN if stopping else h)
 
 
 def agree_max(values: list[int], group=None) -> list[int]:
@@ -268,16 +291,14 @@ def agree_max(values: list[int], group=None) -> list[int]:
     if not (dist.is_available() and dist.is_initialized()):
         return values
     t = torch.tensor(values, dtype=torch.int64)
-    if group is None and dist.get_backend() == "nccl":
-        t = t.cuda()
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.tolist()
 
 
-def gather_objects(obj) -> list:
-    """Every rank's `obj`, on every rank, in rank order."""
+def gather_objects(obj, cpu_group=None) -> list:
+    """Every rank's `obj`, on every rank, in rank order (pickled into CPU tensors: the CPU group)."""
     if not (dist.is_available() and dist.is_initialized()):
         return [obj]
     out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=cpu_group)
     return out

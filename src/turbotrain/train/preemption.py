@@ -1,5 +1,6 @@
-"""SIGTERM/SIGINT (preemption, Ctrl-C): stop within one batch wherever the run is, write last.pt
-when there is training worth keeping, exit 128 + signal."""
+"""SIGTERM/SIGINT (preemption, Ctrl-C) and a scheduler's requeue signals (trainer.requeue_signals,
+SIGUSR1/SIGUSR2): stop within one batch wherever the run is, write last.pt when there is
+training worth keeping, exit 128 + signal (requeue.py says who requeues the job)."""
 
 from __future__ import annotations
 
@@ -36,17 +37,23 @@ def resume_hint(run_dir: Path | str) -> str:
     return f"resume with: python train.py trainer.resume=auto hydra.run.dir={run_dir} (plus your overrides)"
 
 
+def requeue_signals(names) -> tuple[signal.Signals, ...]:
+    """trainer.requeue_signals as signals."""
+    return tuple(signal.Signals[name] for name in names)
+
+
 @contextlib.contextmanager
-def watch_signals() -> Iterator[StopFlag]:
-    """Within the block, SIGTERM/SIGINT only set `flag.signum`; the loops check it once per batch.
-    Further SIGTERMs are ignored: a cluster sends them in bursts (SLURM signals every process of a
-    job step, and torch's elastic agent forwards one more), and none may cut the checkpoint write
-    short. A second SIGINT (Ctrl-C again at a terminal) stops at once with KeyboardInterrupt."""
+def watch_signals(requeue: tuple[signal.Signals, ...] = ()) -> Iterator[StopFlag]:
+    """Within the block, SIGTERM/SIGINT and the `requeue` signals only set `flag.signum`; the loops
+    check it once per batch. Further SIGTERMs and requeue signals are ignored: a cluster sends them
+    in bursts (SLURM signals every process of a job step, and torch's elastic agent forwards one
+    more), and none may cut the checkpoint write short. A second SIGINT (Ctrl-C again at a
+    terminal) stops at once with KeyboardInterrupt."""
     flag = StopFlag()
     if threading.current_thread() is not threading.main_thread():
         yield flag  # signal handlers can only be set from the main thread
         return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, *requeue)}
 
     def handler(signum, frame):
         if flag.signum is None:
@@ -62,4 +69,4 @@ def watch_signals() -> Iterator[StopFlag]:
         yield flag
     finally:
         for s, h in previous.items():  # once stopping, the rest of a burst must not cut the exit short
-            signal.signal(s, signal.SIG_IGN if flag.signum is not None and s == signal.SIGTERM else h)
+            signal.signal(s, signal.SIG_IGN if flag.signum is not None and s != signal.SIGINT else h)

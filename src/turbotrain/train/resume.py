@@ -16,6 +16,7 @@ from turbotrain.config import TrainerConfig, registries
 from turbotrain.core.schema import ConfigError
 from turbotrain.train.autotune import apply_choice, choice_from_checkpoint
 from turbotrain.train.numerics import keep_saved
+from turbotrain.train.requeue import requeued
 
 log = logging.getLogger("turbotrain")
 
@@ -31,6 +32,12 @@ def restarts() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def continues(run_dir: Path) -> bool:
+    """This start continues the run in `run_dir` by itself: a worker restarted by the elastic
+    agent, or a job its scheduler requeued after a requeue signal (requeue.py)."""
+    return bool(restarts()) or requeued(run_dir)
+
+
 def is_fork(resume: str | None, run_dir: Path) -> bool:
     """trainer.resume names another run's checkpoint: this run starts a fork of that run."""
     if resume in (None, "auto"):
@@ -42,9 +49,9 @@ def resolve(resume: str | None, run_dir: Path) -> Path | None:
     """The checkpoint to resume from: `auto` is this run dir's last.pt when there is one. A
     restarted worker continues its own run dir's last.pt, a fork's too, once it has one."""
     own = run_dir / "checkpoints" / "last.pt"
-    if restarts() and own.is_file():
+    if continues(run_dir) and own.is_file():
         return own
-    if not resume and restarts():
+    if not resume and continues(run_dir):
         resume = "auto"
     if not resume:
         return None
@@ -64,7 +71,7 @@ def run_files(run_dir: Path) -> list[str]:
 
 def check_run_dir_free(run_dir: Path, resume: str | None) -> None:
     """A fresh run, or a fork of another run, never writes over a run's checkpoints and metrics."""
-    if restarts() or (resume and not is_fork(resume, run_dir)):
+    if continues(run_dir) or (resume and not is_fork(resume, run_dir)):
         return
     taken = run_files(run_dir)
     if taken and resume:
