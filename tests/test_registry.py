@@ -69,7 +69,7 @@ def test_init_files_only_re_export():
 def test_modules_and_run_functions_stay_small():
     for p in SRC.rglob("*.py"):
         assert len(p.read_text().splitlines()) <= 300, f"{p.relative_to(ROOT)} is over 300 lines"
-    for name in ("train/run.py", "train/loop.py", "train/build.py"):
+    for name in ("train/run.py", "train/session.py", "train/loop.py", "train/build.py"):
         tree = ast.parse((SRC / name).read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef):

@@ -172,15 +172,11 @@ def local_rank_zero_first(info: DistInfo) -> Iterator[None]:
     dist.destroy_process_group(group)
 
 
-def group_for(t: torch.Tensor, cpu_group):
-    """The group a collective of `t` takes: CPU tensors the gloo side group, device tensors the
-    default group (NCCL on GPUs)."""
-    return cpu_group if t.device.type == "cpu" else None
-
-
 def all_reduce_sum(t: torch.Tensor, cpu_group=None) -> torch.Tensor:
+    """`t` summed over the ranks: a CPU tensor over the gloo side group, a device tensor over the
+    default group (NCCL on GPUs, which has no CPU backend)."""
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group_for(t, cpu_group))
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=cpu_group if t.device.type == "cpu" else None)
     return t
 
 

@@ -23,7 +23,7 @@ from turbotrain.train.ema import ema_state, update_ema
 from turbotrain.train.evaluation import evaluate
 from turbotrain.train.loop import Diverged, TrainState, train_one_epoch
 from turbotrain.train.numerics import platform
-from turbotrain.train.preemption import Preempted, StopFlag, resume_hint
+from turbotrain.train.preemption import Preempted, StopFlag, requeue_signals, resume_hint
 from turbotrain.train.run_dir import forget_run_dir
 from turbotrain.train.summary import summary_of
 from turbotrain.train.tracking import Tracker, peak_mem_mb, process_age_s, trim_metrics
@@ -123,7 +123,7 @@ class Run:
         if not signum:
             return bool(due)
         self.save()
-        if self.info.is_main and signal.Signals(signum).name in self.cfg.trainer.requeue_signals:
+        if self.info.is_main and signum in requeue_signals(self.cfg.trainer.requeue_signals):
             requeue.note_stop(self.ckpt_dir, signum, self.state.global_step)
         raise Preempted(
             signum,
