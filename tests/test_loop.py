@@ -25,8 +25,8 @@ def _data(n: int, seed: int = 0):
     return torch.randn(n, 12, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def _run(model, x, y, *, batch_size, accum, tmp_path, overrides=(), log_every=1):
-    cfg = make_cfg("optim=sgd", "optim.weight_decay=0", "precision=fp32", *overrides)
+def _run(model, x, y, *, batch_size, accum, tmp_path, overrides=(), log_every=1, optim="sgd"):
+    cfg = make_cfg(f"optim={optim}", "optim.weight_decay=0", "precision=fp32", *overrides)
     cfg.trainer.grad_accum_steps = accum
     cfg.trainer.log_every_n_steps = log_every
     opt = build_optimizer(model, cfg.optim)

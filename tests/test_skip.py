@@ -10,19 +10,25 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import make_cfg
 from test_loop import _data, _mlp, _run
 
-LOOP = str(Path(__file__).resolve().parents[1] / "src" / "turbotrain" / "loop.py")
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "turbotrain"
+assert (PACKAGE / "train" / "loop.py").is_file()  # the spy below watches this package's files
+
+# what a CUDA run of each optimizer takes: SGD's fused kernel (optim.kernel=auto resolves to it
+# off the CPU, test below); Adam, AdamW and Adagrad are always fused
+ON_THE_GPU_PATH = [("sgd", ("optim.kernel=fused",)), ("adam", ()), ("adamw", ()), ("adagrad", ())]
 
 
-def _host_reads_from_the_loop(monkeypatch) -> list[str]:
-    """Every bool()/item()/tolist() of a tensor called from loop.py, by name."""
+def _host_reads_from_the_package(monkeypatch) -> list[str]:
+    """Every bool()/item()/tolist() of a tensor called from any file of turbotrain, by name."""
     reads: list[str] = []
     for name in ("__bool__", "item", "tolist"):
         real = getattr(torch.Tensor, name)
 
         def spy(self, *args, _real=real, _name=name):
-            if sys._getframe(1).f_code.co_filename == LOOP:
+            if sys._getframe(1).f_code.co_filename.startswith(str(PACKAGE)):
                 reads.append(_name)
             return _real(self, *args)
 
@@ -30,17 +36,45 @@ def _host_reads_from_the_loop(monkeypatch) -> list[str]:
     return reads
 
 
-@pytest.mark.parametrize("check", ["loss", "grads"])
-def test_host_reads_do_not_grow_with_the_steps(check, monkeypatch, tmp_path):
-    """4 steps and 16 steps between two log points read the device equally often: no read per step."""
-    reads = _host_reads_from_the_loop(monkeypatch)
+def _reads_for(monkeypatch, tmp_path, optim: str, overrides: tuple) -> list[int]:
+    """Host reads for 4 and for 16 steps between the same two log points (none but the epoch's end)."""
+    reads = _host_reads_from_the_package(monkeypatch)
     counts = []
     for n in (32, 128):
         x, y = _data(n)
         reads.clear()
-        _run(_mlp(), x, y, batch_size=8, accum=1, tmp_path=tmp_path, log_every=10**6, overrides=(f"trainer.nan_check={check}",))
+        _run(_mlp(), x, y, batch_size=8, accum=1, tmp_path=tmp_path, log_every=10**6, overrides=overrides, optim=optim)
         counts.append(len(reads))
+    return counts
+
+
+@pytest.mark.parametrize("on_nan", ["skip", "stop"])
+@pytest.mark.parametrize("check", ["loss", "grads"])
+@pytest.mark.parametrize(("optim", "kernel"), ON_THE_GPU_PATH)
+def test_host_reads_do_not_grow_with_the_steps(optim, kernel, check, on_nan, monkeypatch, tmp_path):
+    """4 steps and 16 steps between two log points read the device equally often: no read per
+    step. The epoch's end reads (the skip count), so the spy must see something."""
+    counts = _reads_for(monkeypatch, tmp_path, optim, (*kernel, f"trainer.nan_check={check}", f"trainer.on_nan={on_nan}"))
+    assert counts[0] > 0, "the spy saw no read at all: it no longer watches the loop's files"
     assert counts[0] == counts[1], counts
+
+
+def test_rmsprop_reads_the_skip_flag_every_step(monkeypatch, tmp_path):
+    """RMSprop has no fused kernel: skipping reads its flag each step (on a GPU too; it warns)."""
+    counts = _reads_for(monkeypatch, tmp_path, "rmsprop", ())
+    assert counts[1] - counts[0] == 12, counts  # one read per step
+
+
+def test_auto_kernel_is_fused_for_a_gpu_run_without_timing_on_the_host():
+    """numerics.resolve runs before the model is placed: a CUDA run must not time the host's SGD."""
+    from turbotrain.train import numerics, optim
+
+    cfg = make_cfg("optim=sgd", "optim.kernel=auto")
+    model = torch.nn.Linear(7, 5)  # shapes no other test times
+    before = optim._fused_faster.cache_info()
+    numerics.resolve(cfg, model, torch.device("cuda"), agree=lambda v: v, ckpt=None)
+    assert cfg.optim.kernel == "fused"
+    assert optim._fused_faster.cache_info() == before  # nothing timed
 
 
 def test_a_skipped_first_step_leaves_no_trace(tmp_path):

@@ -146,6 +146,13 @@ class Step:
     reduce: Callable[[torch.Tensor], torch.Tensor] | None
     nonfinite: torch.Tensor  # non-finite losses in the current accumulation group (nan_check=loss)
 
+    def __post_init__(self):
+        # on_nan=stop: non-finite losses since the run began, and the first one's step and value,
+        # kept on the device and read at check(): a read per micro-batch would sync a GPU each time
+        self.stop_count = torch.zeros_like(self.nonfinite)
+        self.stop_step = torch.full_like(self.nonfinite, -1)
+        self.stop_loss = torch.zeros_like(self.nonfinite)
+
     @property
     def check_loss(self) -> bool:
         # nan_check=loss: a step is skipped when a loss of its group was not finite (free: no pass over
@@ -159,13 +166,20 @@ class Step:
             with self.precision.autocast():
                 logits = forward(self.model, inputs)
                 loss = F.cross_entropy(logits.float(), target, label_smoothing=self.cfg.label_smoothing)
-            if self.cfg.on_nan == "stop" and not torch.isfinite(loss):
-                raise Diverged(state.global_step, f"loss is {loss.item()}")
+            bad = (~torch.isfinite(loss.detach())).float()
+            if self.cfg.on_nan == "stop":
+                self._note_for_stop(loss.detach(), bad, state.global_step)
             if self.check_loss:
-                self.nonfinite += (~torch.isfinite(loss.detach())).float()
+                self.nonfinite += bad
             scaled = loss / group_len
             (self.precision.scaler.scale(scaled) if self.precision.scaler else scaled).backward()
         return loss, logits
+
+    def _note_for_stop(self, loss: torch.Tensor, bad: torch.Tensor, step: int) -> None:
+        first = (bad > 0) & (self.stop_count == 0)
+        self.stop_step.copy_(torch.where(first, step, self.stop_step))
+        self.stop_loss.copy_(torch.where(first, loss.float(), self.stop_loss))
+        self.stop_count += bad
 
     def step(self, state: TrainState) -> None:
         """The optimizer step that ends an accumulation group, or its skip."""
@@ -177,7 +191,19 @@ class Step:
         state.global_step += 1
 
     def check(self, state: TrainState) -> None:
-        """At log steps and the epoch's end, where the loop reads the device anyway."""
+        """At log steps and the epoch's end, where the loop reads the device anyway. on_nan=stop
+        stops here, on every DDP rank: a step whose loss was not finite was skipped (nan_check),
+        the steps since were taken, and the weights stay finite."""
+        if self.cfg.on_nan == "stop":
+            anywhere = self.reduce(self.stop_count.clone()) if self.reduce else self.stop_count
+            if anywhere.item():
+                here = int(self.stop_step.item())
+                where = (
+                    (here, f"loss is {self.stop_loss.item()}")
+                    if here >= 0
+                    else (state.global_step, "another rank's loss was not finite")
+                )
+                raise Diverged(*where)
         patience = self.cfg.nan_patience
         if state.read_skips() >= patience:
             raise Diverged(state.global_step, f"{patience} consecutive steps skipped for non-finite losses or gradients")

@@ -69,7 +69,9 @@ def resolve(cfg, model: nn.Module, device: torch.device, agree: Callable[[list[i
             log.info("resume: %s, as the run chose (this process's own choice could change the numbers)", ", ".join(kept))
         warn_if_moved(ckpt.get("platform"), platform(device))
     if _selected(cfg, "optim.kernel") and cfg.optim.kernel == "auto":
-        fused = auto_kernel([p for g in param_groups(model, cfg.optim) for p in g["params"]], cfg.optim) == "fused"
+        # the device the run trains on: the model is not placed yet
+        params = [p for g in param_groups(model, cfg.optim) for p in g["params"]]
+        fused = auto_kernel(params, cfg.optim, device) == "fused"
         cfg.optim.kernel = "fused" if agree([int(fused)])[0] else "foreach"
     if _selected(cfg, "precision.cpu_bf16") and cfg.precision.cpu_bf16 is None and device.type == "cpu":
         cfg.precision.cpu_bf16 = bool(agree([int(native_bf16_cpu())])[0])

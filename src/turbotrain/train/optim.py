@@ -1,6 +1,6 @@
-"""Optimizers (built after model surgery, so they see the final parameters). Adam and AdamW are
-torch's fused kernels, SGD too on CUDA: they skip a step flagged non-finite on the device
-(loop.step_unless). On a CPU, SGD takes the faster of its fused and foreach kernels, timed on
+"""Optimizers (built after model surgery, so they see the final parameters). Adam, AdamW and
+Adagrad are torch's fused kernels, SGD too on CUDA: they skip a step flagged non-finite on the
+device (loop.step_unless). RMSprop has no fused kernel: its skip reads the flag on the host. On a CPU, SGD takes the faster of its fused and foreach kernels, timed on
 the model's own parameters at start (which one wins depends on the CPU); a run records the one it
 took and a resume keeps it (numerics.py), since the two can differ in the last bit."""
 
@@ -117,9 +117,12 @@ def _sgd_fused(groups: list[dict], c) -> bool:
     return (auto_kernel(params, c) if c.kernel == "auto" else c.kernel) == "fused"
 
 
-def auto_kernel(params: list[torch.Tensor], c) -> str:
-    """What optim.kernel=auto takes for these parameters: fused off the CPU, else the faster."""
-    if not params or params[0].device.type != "cpu":
+def auto_kernel(params: list[torch.Tensor], c, device: torch.device | None = None) -> str:
+    """What optim.kernel=auto takes for these parameters on `device` (default: theirs): fused off
+    the CPU, without timing (foreach would read the skip flag on the host each step), else the
+    faster of the two, timed here."""
+    device = device or (params[0].device if params else torch.device("cpu"))
+    if not params or device.type != "cpu":
         return "fused"
     return "fused" if _fused_faster(tuple(tuple(p.shape) for p in params), c.momentum, c.nesterov) else "foreach"
 
@@ -158,9 +161,11 @@ def adamw(groups: list[dict], c) -> torch.optim.Optimizer:
 
 @OPTIMIZERS.register("rmsprop", RMSpropConfig)
 def rmsprop(groups: list[dict], c) -> torch.optim.Optimizer:
+    if any(p.device.type != "cpu" for g in groups for p in g["params"]):
+        log.warning("optim=rmsprop has no fused kernel: skipping a non-finite step reads the device every step")
     return torch.optim.RMSprop(groups, lr=c.lr, alpha=c.alpha, eps=c.eps, momentum=c.momentum)
 
 
 @OPTIMIZERS.register("adagrad", AdagradConfig)
 def adagrad(groups: list[dict], c) -> torch.optim.Optimizer:
-    return torch.optim.Adagrad(groups, lr=c.lr, eps=c.eps)
+    return torch.optim.Adagrad(groups, lr=c.lr, eps=c.eps, fused=True)
