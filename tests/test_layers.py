@@ -12,6 +12,7 @@ import turbotrain.options
 from conftest import ROOT
 
 SRC = ROOT / "src" / "turbotrain"
+assert (SRC / "train" / "loop.py").is_file(), SRC  # the checks below walk this tree: moved, they must fail
 # lowest first: a module may import its own layer and the layers before it, never a later one
 LAYERS = ("core", "config", "compression", "models", "data", "train", "deploy", "options")
 

@@ -19,6 +19,7 @@ from turbotrain.core.schema import ConfigError
 
 PRESETS = ("experiment", "hparams_search")  # presets of other groups' keys: no builder of their own
 SRC = ROOT / "src" / "turbotrain"
+assert (SRC / "train" / "loop.py").is_file(), SRC  # the checks below walk this tree: moved, they must fail
 
 
 def _option_files() -> dict[str, list[Path]]:
