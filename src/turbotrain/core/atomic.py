@@ -12,6 +12,7 @@ import errno
 import os
 import re
 import shutil
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -79,23 +80,41 @@ def atomic_write_link(source: str | Path, path: str | Path) -> None:
     _fsync_dir(path.parent)
 
 
-def atomic_write_dir(path: str | Path, fill: Callable[[Path], None]) -> None:
+def atomic_write_dir(path: str | Path, fill: Callable[[Path], None], replace: bool = True) -> bool:
     """Call `fill(folder)` on a temp folder beside `path`, then swap it in for `path`: readers
-    see the old folder or the new one, never a mix; a failed fill leaves the old one as it was."""
+    see the old folder or the new one, never a mix; a failed fill leaves the old one as it was.
+    With `replace=False` a `path` that another process made meanwhile is kept (a folder others
+    may have memory-mapped: on NFS, replacing it under them is ESTALE or SIGBUS) and ours dropped.
+    Temp names carry host and pid: processes of several nodes may share the parent folder.
+    Returns whether ours is the one at `path`."""
     path = Path(path)
-    tmp, old = temp_path(path), path.with_name(f".{path.name}.old{os.getpid()}")
+    me = f"{socket.gethostname()}-{os.getpid()}"
+    tmp, old = path.with_name(f".{path.name}.tmp-{me}"), path.with_name(f".{path.name}.old-{me}")
     for leftover in (tmp, old):
         shutil.rmtree(leftover, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
         fill(tmp)
+        if not replace:
+            return _rename_unless_there(tmp, path)
         if path.exists():
             os.replace(path, old)
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
-    _fsync_dir(path.parent)
+        _fsync_dir(path.parent)
+    return True
+
+
+def _rename_unless_there(tmp: Path, path: Path) -> bool:
+    try:
+        os.rename(tmp, path)  # a folder onto a non-empty folder fails: never replaces it
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        return False
+    return True
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -8,8 +8,10 @@ cheap to decode).
 A cache is named by the source's fingerprint of the split (data/encoded.py: for a folder tree its
 paths, sizes and mtimes) and the settings, so a later run on the same tree reuses it and a changed tree or setting builds a new
 one. The build runs on every core (loader workers), shows a progress bar, skips files that fail
-to decode (counted and named) and is atomic: it fills a temp folder that replaces the cache in one
-rename, so a killed build leaves nothing that looks valid."""
+to decode (counted and named) and is atomic: it fills a temp folder (named by host and pid) that
+becomes the cache in one rename, so a killed build leaves nothing that looks valid. A cache that
+exists is never replaced (other runs may have it memory-mapped): one process per job builds it
+(train/distributed.py `rank_zero_first`), and of two jobs building it at once the first keeps it."""
 
 from __future__ import annotations
 
@@ -93,7 +95,8 @@ def build(folder: Path, source, read, kind: str, size: int) -> None:
             *(kind, len(labels), seconds, len(labels) / max(seconds, 1e-9), offset / max(len(labels), 1), folder),
         )
 
-    atomic_write_dir(folder, fill)
+    if not atomic_write_dir(folder, fill, replace=False):
+        log.info("data.cache: another process finished %s first; this one reads it", folder)
 
 
 class CachedImages(Dataset):

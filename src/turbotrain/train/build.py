@@ -81,7 +81,7 @@ def build(
     trainer.autotune's measured one) are written into `cfg`, which is the run's effective config
     from here on (checkpoints save it; resume reuses it). `stop`: the run's stop request, polled
     by compression's evaluations and fine-tuning and autotune's trials."""
-    with dist.local_rank_zero_first(info):  # downloads and decoded caches: once per node
+    with dist.rank_zero_first(info):  # downloads and decoded caches: once per job (or node)
         data, model = _data_and_model(cfg)
     if resume_ckpt is not None:
         check_data(resume_ckpt, data, resume_path, cfg.trainer.resume_strict)

@@ -153,20 +153,22 @@ def teardown(info: DistInfo) -> None:
 
 
 @contextlib.contextmanager
-def local_rank_zero_first(info: DistInfo) -> Iterator[None]:
-    """The block runs on each node's local rank 0 first, then on the node's other ranks: a
-    download or a decoded cache is made once per node (not once per process, at once, with N
-    temporary copies), and the others find it made. A global barrier that every rank passes
-    once, in a gloo group of its own whose timeout outlasts an ImageNet-sized cache build (hours:
-    distributed.timeout_s is sized for a step). A failure on rank 0 ends the group (the others
-    wait in the barrier until the launcher stops them)."""
+def rank_zero_first(info: DistInfo) -> Iterator[None]:
+    """The block runs on global rank 0, then on the other nodes' local rank 0, then on the rest:
+    a download or decoded cache in a folder all nodes share is made once per job, in node-local
+    storage once per node. Two barriers in a gloo group whose timeout outlasts an ImageNet-sized
+    cache build (distributed.timeout_s is sized for a step)."""
     if not info.enabled:
         yield
         return
     group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=2))
+    if info.rank != 0:
+        dist.barrier(group=group)  # 1: rank 0 has built
     if info.local_rank != 0:
-        dist.barrier(group=group)
+        dist.barrier(group=group)  # 2: each node's first rank has built (or found rank 0's)
     yield
+    if info.rank == 0:
+        dist.barrier(group=group)
     if info.local_rank == 0:
         dist.barrier(group=group)
     dist.destroy_process_group(group)
@@ -250,9 +252,8 @@ def launch(dist_cfg, run_dir: Path, overrides: list[str], requeue_signals: tuple
         if failure.exitcode in [128 + s for s in stops]:  # one worker was told to stop: all saved
             signum = signal.Signals(failure.exitcode - 128)
             raise Preempted(signum, f"rank {rank} was stopped by {signum.name}; {resume_hint(run_dir)}") from e
-        reason = f"exit code {failure.exitcode}"
-        if failure.exitcode is not None and failure.exitcode < 0:
-            reason = f"killed by signal {-failure.exitcode}"
+        killed = failure.exitcode is not None and failure.exitcode < 0
+        reason = f"killed by signal {-failure.exitcode}" if killed else f"exit code {failure.exitcode}"
         raise LaunchError(f"DDP worker rank {rank} failed ({reason}); see {run_dir}/train.log") from e
 
 
@@ -281,9 +282,8 @@ def _stop_once(signal_exception: type, signals: tuple) -> Iterator[None]:
 
 
 def agree_max(values: list[int], group=None) -> list[int]:
-    """Each of `values`, the largest over all ranks (one tiny all-reduce; the values themselves
-    without DDP). `group`: DistInfo.cpu_group under NCCL, so that the agreement every step is a
-    CPU all-reduce and nothing waits for the GPU's queue to drain."""
+    """Each of `values`, the largest over all ranks (the values themselves without DDP), over
+    `group`, DistInfo.cpu_group: a CPU all-reduce each step that never waits for a GPU's queue."""
     if not (dist.is_available() and dist.is_initialized()):
         return values
     t = torch.tensor(values, dtype=torch.int64)

@@ -1,8 +1,9 @@
 """Optimizers (built after model surgery, so they see the final parameters). Adam, AdamW and
 Adagrad are torch's fused kernels, SGD too on CUDA: they skip a step flagged non-finite on the
-device (loop.step_unless). RMSprop has no fused kernel: its skip reads the flag on the host. On a CPU, SGD takes the faster of its fused and foreach kernels, timed on
-the model's own parameters at start (which one wins depends on the CPU); a run records the one it
-took and a resume keeps it (numerics.py), since the two can differ in the last bit."""
+device (loop.step_unless). RMSprop has no fused kernel: its skip reads the flag on the host.
+On a CPU, SGD takes the faster of its fused and foreach kernels, timed on the model's own
+parameters at start (which one wins depends on the CPU); a run records the one it took and a
+resume keeps it (numerics.py), since the two can differ in the last bit."""
 
 from __future__ import annotations
 
