@@ -17,7 +17,7 @@ import torch
 
 from conftest import ROOT, run_cli
 from turbotrain.core.checkpoint import load
-from turbotrain.train.distributed import balance_warning
+from turbotrain.train.collectives import balance_warning
 
 # BN-free and dropout-free, so 2 ranks x 32 samples must equal 1 rank x 64 samples exactly
 # up to float summation order.

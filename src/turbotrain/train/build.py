@@ -25,6 +25,7 @@ from turbotrain.data.mixing import build_mix
 from turbotrain.data.resolution import Resolution, warn_if_maps_collapse
 from turbotrain.models import build_for, build_tokenizer_for
 from turbotrain.models.attention.options import ATTENTION
+from turbotrain.train import collectives as col
 from turbotrain.train import distributed as dist
 from turbotrain.train.autotune import apply_choice, autotune, choice_from_checkpoint
 from turbotrain.train.ema import build_ema, load_ema
@@ -90,7 +91,7 @@ def build(
     compression = apply_surgery(cfg, model, data.kind, loaders.train, loaders.val, resume_ckpt is not None, stop)
     params, flops = sum(p.numel() for p in model.parameters()), count_flops(model, _flop_example(data))
     resize = _resolution(cfg, data, model, loaders.total_steps)
-    resolve(cfg, model, device, partial(dist.agree_max, group=info.cpu_group), resume_ckpt)  # recorded in cfg
+    resolve(cfg, model, device, partial(col.agree_max, group=info.cpu_group), resume_ckpt)  # recorded in cfg
     tuned = _autotune(cfg, data, model, device, info, loaders, resume_ckpt, stop)
     if tuned is not None and cfg.loader.num_workers != loaders.train.num_workers:
         loaders = _loaders(cfg, data, info, device)
@@ -193,7 +194,7 @@ def _autotune(
     else:
         knobs = list(tc.autotune_knobs) if tc.autotune else ["num_workers"]
         knobs = [k for k in knobs if k != "num_workers" or not data.batches_on_device]
-        tuned = autotune(cfg, data, model, device, loaders.total_steps, dist.summer(info), knobs, stop)
+        tuned = autotune(cfg, data, model, device, loaders.total_steps, col.summer(info), knobs, stop)
     apply_choice(cfg, tuned["chosen"])
     if data.kind == "text" and ATTENTION.of(cfg.attention).traits.get("kernels"):  # full attention, tuned or swapped in
         model.set_attn_implementation(cfg.attention.implementation)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
 import logging
 import os
 import signal
@@ -174,43 +173,9 @@ def rank_zero_first(info: DistInfo) -> Iterator[None]:
     dist.destroy_process_group(group)
 
 
-def all_reduce_sum(t: torch.Tensor, cpu_group=None) -> torch.Tensor:
-    """`t` summed over the ranks: a CPU tensor over the gloo side group, a device tensor over the
-    default group (NCCL on GPUs, which has no CPU backend)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=cpu_group if t.device.type == "cpu" else None)
-    return t
-
-
-def summer(info: DistInfo):
-    """t -> t summed over the ranks, each tensor over its device's group; None without DDP."""
-    return functools.partial(all_reduce_sum, cpu_group=info.cpu_group) if info.enabled else None
-
-
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside a DDP wrapper (compiled or not), else the model itself."""
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-
-
-def gather_floats(values: list[float], cpu_group=None) -> list[list[float]]:
-    """Every rank's `values`, on every rank (one row per rank), over the CPU group."""
-    t = torch.tensor(values, dtype=torch.float64)
-    if not (dist.is_available() and dist.is_initialized()):
-        return [t.tolist()]
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t, group=cpu_group)
-    return [o.tolist() for o in out]
-
-
-def balance_warning(rows: list[list[float]], names: tuple[str, ...], tolerance: float = 0.10) -> str | None:
-    """A warning when ranks differ by more than `tolerance` in any figure (the seed's rule)."""
-    problems = []
-    for i, name in enumerate(names):
-        column = [r[i] for r in rows]
-        low, high = min(column), max(column)
-        if low > 0 and high / low - 1 > tolerance:
-            problems.append(f"{name} {low:.1f}..{high:.1f} ({100 * (high / low - 1):.0f}% apart)")
-    return "ranks are unbalanced: " + "; ".join(problems) if problems else None
 
 
 @DISTRIBUTED.register("ddp", DDPConfig, multi_process=True)
@@ -279,22 +244,3 @@ def _stop_once(signal_exception: type, signals: tuple) -> Iterator[None]:
     finally:  # once stopping, the rest of a burst must not cut short the exit (code 128 + signal)
         for s, h in previous.items():
             signal.signal(s, signal.SIG_IGN if stopping else h)
-
-
-def agree_max(values: list[int], group=None) -> list[int]:
-    """Each of `values`, the largest over all ranks (the values themselves without DDP), over
-    `group`, DistInfo.cpu_group: a CPU all-reduce each step that never waits for a GPU's queue."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return values
-    t = torch.tensor(values, dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.tolist()
-
-
-def gather_objects(obj, cpu_group=None) -> list:
-    """Every rank's `obj`, on every rank, in rank order (pickled into CPU tensors: the CPU group)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return [obj]
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj, group=cpu_group)
-    return out

@@ -23,8 +23,9 @@ def build_ema(model: nn.Module, trainer_cfg) -> AveragedModel | None:
 
 @torch.no_grad()
 def update_ema(ema: AveragedModel, model: nn.Module, step: int, trainer_cfg) -> None:
-    """After optimizer step `step` (counted from 1). Every DDP rank holds the same weights and
-    buffers after a step, so every rank's average is the same too."""
+    """After optimizer step `step` (counted from 1). DDP ranks hold the same weights after a step
+    but their own BatchNorm statistics: the averages' buffers differ until validation makes them
+    rank 0's (collectives.broadcast_buffers), the ones best.pt and last.pt keep."""
     if step % trainer_cfg.ema_every_n_steps:
         return
     if step <= trainer_cfg.ema_warmup_steps:

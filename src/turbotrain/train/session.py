@@ -15,6 +15,7 @@ from turbotrain.core import checkpoint as ckpt_io
 from turbotrain.core.atomic import remove_stale_temps
 from turbotrain.core.seeds import derived_seed
 from turbotrain.models import architecture
+from turbotrain.train import collectives as col
 from turbotrain.train import distributed as dist
 from turbotrain.train import requeue, resume
 from turbotrain.train.build import Parts, build
@@ -78,6 +79,7 @@ class Run:
         self.balance: list[list[float]] = []
         # (step, batch in epoch) of the last save, and when: the clock of trainer.checkpoint_every_minutes
         self.saved_at, self.saved_time = (self.state.global_step, self.state.batch_in_epoch), time.monotonic()
+        self.bad_agreed = self.state.bad_samples  # all ranks' bad samples as of the last save
 
     # -- checkpoints and stopping -------------------------------------------------------------
 
@@ -85,6 +87,7 @@ class Run:
         """Every rank calls this at the same point (the RNG states are gathered); rank 0 writes.
         Non-finite weights or optimizer state are never written: the run stops instead."""
         p, s = self.p, self.state
+        self._agree_bad_samples()
         ckpt = ckpt_io.payload(  # every rank builds it (references, no copies): every rank checks it
             state_dict=prune.plain_state_dict(p.model),
             optimizer=p.optimizer,
@@ -94,7 +97,7 @@ class Run:
             config_yaml=self.config_yaml,
             arch=self.arch,
             metrics=self.metrics,
-            rng=dist.gather_objects(ckpt_io.rng_state(), self.info.cpu_group),
+            rng=col.gather_objects(ckpt_io.rng_state(), self.info.cpu_group),
             ema=ema_state(p.ema) if p.ema is not None else None,
             data=resume.data_identity(p.data),
             platform=platform(self.device),
@@ -111,6 +114,15 @@ class Run:
             return
         ckpt_io.write(ckpt, self.ckpt_dir, best=best)
 
+    def _agree_bad_samples(self) -> None:
+        """Each rank counts the bad samples of its own shard: at a save (every rank, same point)
+        the counts since the last one are summed, so the checkpoint and summary.json hold the run's."""
+        s = self.state
+        if self.info.enabled:
+            since = torch.tensor(s.bad_samples - self.bad_agreed)
+            s.bad_samples = self.bad_agreed + int(col.all_reduce_sum(since, self.info.cpu_group))
+        self.bad_agreed = s.bad_samples
+
     def stop_if_asked(self, clock: bool = False) -> bool:
         """Ranks agree on a stop (a signal may reach one rank a step before another): all save at
         the same step and exit 128 + signal. With `clock`, the same agreement says whether
@@ -119,7 +131,7 @@ class Run:
         due = int(clock and minutes is not None and time.monotonic() - self.saved_time >= 60 * minutes)
         signum = self.stop.signum or 0
         if self.info.enabled:
-            signum, due = dist.agree_max([signum, due], self.info.cpu_group)
+            signum, due = col.agree_max([signum, due], self.info.cpu_group)
         if not signum:
             return bool(due)
         self.save()
@@ -196,24 +208,27 @@ class Run:
             tracker=self.tracker,
             batches_in_epoch=p.loaders.batches_in_epoch,
             on_step=self.on_step,
-            reduce=dist.summer(info),
+            reduce=col.summer(info),
             on_device=p.on_device,
         )
         self.session += torch.tensor([stats["samples"] * info.world_size, stats["time_s"], stats["wait_s"]])
-        self.balance = dist.gather_floats([peak_mem_mb(self.device), stats["time_s"]], info.cpu_group)
-        warning = dist.balance_warning(self.balance, ("peak_mem_mb", "epoch_time_s")) if info.enabled else None
+        self.balance = col.gather_floats([peak_mem_mb(self.device), stats["time_s"]], info.cpu_group)
+        warning = col.balance_warning(self.balance, ("peak_mem_mb", "epoch_time_s")) if info.enabled else None
         if warning and info.is_main:
             log.warning(warning)
         return stats
 
     def _validate(self, stats: dict) -> dict:
         tc, p, state, info = self.cfg.trainer, self.p, self.state, self.info
-        reduce = dist.summer(info)
+        reduce = col.summer(info)
         common = {"device": self.device, "precision": p.precision, "max_batches": tc.limit_val_batches, "stop": self.stop}
         common.update(channels_last=tc.channels_last, reduce=reduce, tta=tc.tta)
         # not through DDP: its buffer broadcast in eval is a collective that a rank without a
         # validation batch would never join
         trained = dist.unwrapped(p.train_model)
+        for module in (trained, p.ema.module if p.ema is not None else None):
+            if module is not None:  # every rank scores (and rank 0 saves) rank 0's BatchNorm statistics
+                col.broadcast_buffers(module, info)
         val = evaluate(p.ema.module if p.ema is not None else trained, p.loaders.val, **common)
         if p.ema is not None:  # the trained weights themselves, for comparison
             val["acc1_no_ema"] = evaluate(trained, p.loaders.val, **common)["acc1"]
