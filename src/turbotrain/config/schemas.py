@@ -60,6 +60,8 @@ class TrainerConfig:
     nan_check: str = setting("loss", choices=("loss", "grads"))  # what on_nan=skip checks: losses (free) | gradient norm
     # intra-op threads; null: torch's count, resolved at start and kept by a resume (reductions split by it)
     threads: int | None = setting(None, bound=POSITIVE, numeric=True)
+    # CUDA: deterministic kernels (cuDNN, cuBLAS, torch's own), needed for a bit-exact resume on a GPU; slower
+    deterministic: bool = False
     malloc: str = setting("retain", choices=("retain", "system"))  # retain: freed memory stays for the next step (allocator.py)
     autotune: bool = False  # time each setting in autotune_knobs for a few steps, keep the fastest
     # default: the settings that leave the numerics alone; attention_kernel (may swap sliding_window for full) only when listed

@@ -8,7 +8,10 @@ checkpoint saves; a resume whose command leaves a key at auto takes the saved va
 process would pick (autotune's picks are kept the same way, by autotune.choice_from_checkpoint).
 What no process can choose, the CPU's vector path, the device and the torch build, is the
 checkpoint's `platform` record: a resume on another platform says in one line that it is not
-bit-exact."""
+bit-exact. `trainer.deterministic` picks CUDA's kernels for repeatability over speed.
+
+On a GPU a resume is bit-exact only with trainer.deterministic: cuDNN's benchmark mode picks
+kernels by timing them, and some kernels add with atomics in whatever order threads finish."""
 
 from __future__ import annotations
 
@@ -41,6 +44,27 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads or PROCESS_THREADS)
 
 
+def set_kernels(deterministic: bool, device: torch.device) -> None:
+    """trainer.deterministic: deterministic algorithms (torch warns naming an op that has none)
+    and cuDNN's deterministic kernels; else cuDNN times its kernels on a GPU (a run's shapes are
+    fixed). Set both ways: a sweep's next job starts afresh."""
+    if deterministic:  # cuBLAS reads it when the process makes its first handle: a sweep's later job sets it in vain
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = device.type == "cuda" and not deterministic
+
+
+def inexact_resume(device: torch.device, deterministic: bool) -> str | None:
+    """The line a resume logs when its device's kernels cannot repeat the interrupted run's."""
+    if device.type != "cuda" or deterministic:
+        return None
+    return (
+        "resuming on CUDA without trainer.deterministic=true: cuDNN picks kernels by timing them and some "
+        "kernels add in any order, so the run continues close to, not bit-equal with, an uninterrupted one"
+    )
+
+
 def _selected(cfg, key: str) -> bool:
     """Whether `key` belongs to the option its group selects (optim.kernel under sgd only)."""
     group, _, field = key.partition(".")
@@ -68,6 +92,8 @@ def resolve(cfg, model: nn.Module, device: torch.device, agree: Callable[[list[i
         if kept := keep_saved(cfg, ckpt):
             log.info("resume: %s, as the run chose (this process's own choice could change the numbers)", ", ".join(kept))
         warn_if_moved(ckpt.get("platform"), platform(device))
+        if line := inexact_resume(device, cfg.trainer.deterministic):
+            log.warning(line)
     if _selected(cfg, "optim.kernel") and cfg.optim.kernel == "auto":
         # the device the run trains on: the model is not placed yet
         params = [p for g in param_groups(model, cfg.optim) for p in g["params"]]

@@ -7,15 +7,13 @@ import logging
 import signal
 from pathlib import Path
 
-import torch
-
 from turbotrain.config.validation import validate
 from turbotrain.core.allocator import configure_malloc
 from turbotrain.core.seeds import seed_everything
 from turbotrain.train import distributed as dist
 from turbotrain.train import requeue, resume
 from turbotrain.train.loop import Diverged
-from turbotrain.train.numerics import set_threads
+from turbotrain.train.numerics import set_kernels, set_threads
 from turbotrain.train.preemption import Preempted, requeue_signals, watch_signals
 from turbotrain.train.profiling import profiler
 from turbotrain.train.run_dir import agree_run_dir
@@ -63,8 +61,7 @@ def train_here(cfg, run_dir: Path) -> float:
         info, device = dist.setup(cfg.distributed, cfg.trainer.device)
         try:
             run_dir = agree_run_dir(run_dir, info)
-            if device.type == "cuda":
-                torch.backends.cudnn.benchmark = True  # fixed shapes per run: let cuDNN pick its fastest kernels
+            set_kernels(cfg.trainer.deterministic, device)
             with profiler(cfg.profiler, run_dir, device, info.is_main) as profile_step:
                 return Run(cfg, run_dir, info, device, stop, profile_step).fit()
         except Diverged as e:

@@ -7,6 +7,7 @@ Only the main rank gets an active Tracker; other ranks get one with
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -58,14 +59,21 @@ def process_age_s() -> float:
 
 
 def gpu_util(device: torch.device) -> float | None:
-    """CUDA: the GPU's utilization (%) over the driver's last sample period (needs pynvml);
-    None on CPU, where data_wait_frac is the analogue."""
+    """CUDA: the GPU's utilization (%) over the driver's last sample period (NVML, from
+    nvidia-ml-py: turbotrain[gpu]); None on CPU, where data_wait_frac is the analogue."""
     if device.type != "cuda":
         return None
     try:
         return float(torch.cuda.utilization(device))
-    except Exception:  # pynvml missing or the driver refuses: report nothing rather than fail
+    except Exception as e:  # nvidia-ml-py missing or the driver refuses: no figure, not a failed run
+        missing = isinstance(e, ModuleNotFoundError)
+        _no_gpu_util(f"{type(e).__name__}: {e}" + ("; pip install 'turbotrain[gpu]' installs nvidia-ml-py" if missing else ""))
         return None
+
+
+@functools.cache  # once per process and reason, not at every log step
+def _no_gpu_util(why: str) -> None:
+    log.warning("gpu_util is null in metrics: NVML failed (%s)", why)
 
 
 def _clean(value: Any) -> Any:
