@@ -13,11 +13,15 @@ from torch import nn
 from turbotrain.train.distributed import DistInfo
 
 
+def _group_for(t: torch.Tensor, cpu_group):
+    """The group a collective on `t` goes over: the gloo side group for a CPU tensor, else the default."""
+    return cpu_group if t.device.type == "cpu" else None
+
+
 def all_reduce_sum(t: torch.Tensor, cpu_group=None) -> torch.Tensor:
-    """`t` summed over the ranks: a CPU tensor over the gloo side group, a device tensor over the
-    default group (NCCL on GPUs, which has no CPU backend)."""
+    """`t` summed over the ranks, over the group its device needs."""
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=cpu_group if t.device.type == "cpu" else None)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=_group_for(t, cpu_group))
     return t
 
 
@@ -74,4 +78,4 @@ def broadcast_buffers(module: nn.Module, info: DistInfo) -> None:
     if not info.enabled:
         return
     for b in module.buffers():
-        dist.broadcast(b, src=0, group=info.cpu_group if b.device.type == "cpu" else None)
+        dist.broadcast(b, src=0, group=_group_for(b, info.cpu_group))

@@ -226,9 +226,9 @@ class Run:
         # not through DDP: its buffer broadcast in eval is a collective that a rank without a
         # validation batch would never join
         trained = dist.unwrapped(p.train_model)
-        for module in (trained, p.ema.module if p.ema is not None else None):
-            if module is not None:  # every rank scores (and rank 0 saves) rank 0's BatchNorm statistics
-                col.broadcast_buffers(module, info)
+        col.broadcast_buffers(trained, info)  # every rank scores (and rank 0 saves) rank 0's BatchNorm statistics
+        if p.ema is not None:
+            col.broadcast_buffers(p.ema.module, info)
         val = evaluate(p.ema.module if p.ema is not None else trained, p.loaders.val, **common)
         if p.ema is not None:  # the trained weights themselves, for comparison
             val["acc1_no_ema"] = evaluate(trained, p.loaders.val, **common)["acc1"]
