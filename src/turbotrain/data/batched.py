@@ -35,11 +35,9 @@ def _flip(op: v2.Transform, dim: int) -> BatchOp:
         return bool(torch.rand(1) < op.p)  # v2's own test, `rand(1) >= p` skips the flip
 
     def apply(images: torch.Tensor, chosen: list[bool]) -> torch.Tensor:
-        mask = torch.tensor(chosen, device=images.device)
-        if mask.any():
-            images = images.clone()
-            images[mask] = images[mask].flip(dim)
-        return images
+        # torch.where, not a boolean index: on a GPU that reads the mask's count back (a sync)
+        mask = torch.tensor(chosen).to(images.device, non_blocking=True).view(-1, *[1] * (images.ndim - 1))
+        return torch.where(mask, images.flip(dim), images)
 
     return BatchOp(draw, apply, coin=op.p)
 
@@ -76,31 +74,43 @@ def batch_op(op: v2.Transform, first: bool) -> BatchOp:
     return _per_sample(op)
 
 
-def batch_pipeline(ops: Sequence[v2.Transform]) -> Callable[[Images], torch.Tensor] | None:
-    """The ops as one function of a batch; None when there are none."""
-    steps = [batch_op(op, first=k == 0) for k, op in enumerate(ops)]
-    if not steps:
-        return None
-    drawing = [step for step in steps if step.draw]
-    coins = torch.tensor([step.coin for step in drawing]) if all(step.coin is not None for step in drawing) else None
+class BatchPipeline:
+    """The ops as one function of a batch, in two halves that can run in two processes: `draw`
+    (the random draws, from the images' sizes alone: a loader worker makes them from the files'
+    headers) and `apply` (the pixels: on the device that decodes them)."""
 
-    def pipeline(images: Images) -> torch.Tensor:
-        draws = iter(_draws(images, drawing, coins))
-        for step in steps:
+    def __init__(self, steps: list[BatchOp]):
+        self.steps, self.drawing = steps, [step for step in steps if step.draw]
+        coins = [step.coin for step in self.drawing]
+        self.coins = torch.tensor(coins) if all(c is not None for c in coins) else None
+
+    def draw(self, shapes: list[tuple[int, int]]) -> list[list]:
+        """Each drawing op's draws for the batch, made sample by sample, op by op. When every
+        draw is one `rand(1)` (flips), one `rand` of them all: the CPU generator gives the same
+        numbers in the same order, without a Python call per sample (about half the batch's data time)."""
+        if self.coins is not None:
+            return (torch.rand(len(shapes), len(self.coins)) < self.coins).T.tolist()
+        per_sample = [[step.draw(shape) for step in self.drawing] for shape in shapes]
+        return [list(d) for d in zip(*per_sample, strict=True)] if per_sample else [[]] * len(self.drawing)
+
+    def apply(self, images: Images, draws: list[list]) -> torch.Tensor:
+        draws = iter(draws)
+        for step in self.steps:
             images = step.apply(images, next(draws) if step.draw else [])
         return images
 
-    return pipeline
+    def __call__(self, images: Images) -> torch.Tensor:
+        if isinstance(images, torch.Tensor):  # one size: no view per sample
+            shapes = [tuple(images.shape[-2:])] * len(images)
+        else:
+            shapes = [tuple(image.shape[-2:]) for image in images]
+        return self.apply(images, self.draw(shapes))
 
 
-def _draws(images: Images, drawing: list[BatchOp], coins: torch.Tensor | None) -> list[list]:
-    """Each drawing op's draws for the batch, made sample by sample, op by op. When every draw
-    is one `rand(1)` (flips), one `rand` of them all: the CPU generator gives the same numbers in
-    the same order, without a Python call per sample (about half the batch's data time)."""
-    if coins is not None:
-        return (torch.rand(len(images), len(coins)) < coins).T.tolist()
-    per_sample = [[step.draw(tuple(image.shape[-2:])) for step in drawing] for image in images]
-    return [list(d) for d in zip(*per_sample, strict=True)] if per_sample else [[]] * len(drawing)
+def batch_pipeline(ops: Sequence[v2.Transform]) -> BatchPipeline | None:
+    """The ops as one function of a batch; None when there are none."""
+    steps = [batch_op(op, first=k == 0) for k, op in enumerate(ops)]
+    return BatchPipeline(steps) if steps else None
 
 
 def ops_of(transform: v2.Transform) -> list[v2.Transform]:

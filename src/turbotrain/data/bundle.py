@@ -45,7 +45,8 @@ class DataBundle:
     class_files: dict[str, str] | None = None  # image folders: per class, a digest of its training files
     train_eval: Dataset | None = None  # training samples with eval transforms (INT8 calibration)
     collate: Callable | None = None
-    batches_on_device: bool = False  # training batches come out of the dataset on the GPU (data.decode=gpu)
+    # data.decode=gpu: (train loader, device=) -> the loader whose batches it decodes on that device
+    train_on_device: Callable | None = None
 
 
 def build_data(data_cfg, tokenizer=None) -> DataBundle:

@@ -13,17 +13,25 @@ from torchvision import tv_tensors
 from torchvision.io import ImageReadMode, decode_image, read_file
 
 
-def _declared_pixels(data: str | torch.Tensor) -> int:
-    """Width x height from the header of a file (a path) or of encoded bytes; nothing is decoded."""
+class TooLarge(ValueError):
+    """A header that declares more pixels than PIL opens (twice its default limit)."""
+
+    def __init__(self, pixels: int):
+        super().__init__(f"declares {pixels} pixels, beyond PIL's limit")
+        self.pixels = pixels
+
+
+def declared_size(data: str | torch.Tensor) -> tuple[int, int]:
+    """(height, width) from the header of a file (a path) or of encoded bytes; nothing is decoded."""
     source = data if isinstance(data, str) else io.BytesIO(data.numpy().tobytes())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
             with Image.open(source) as im:
                 w, h = im.size
-        except Image.DecompressionBombError as e:  # PIL's own limit (2x its default) came first
-            return int(re.search(r"\((\d+) pixels\)", str(e)).group(1))
-    return w * h
+        except Image.DecompressionBombError as e:
+            raise TooLarge(int(re.search(r"\((\d+) pixels\)", str(e)).group(1))) from e
+    return h, w
 
 
 class RGBReader:
@@ -37,7 +45,14 @@ class RGBReader:
 
     def refusal(self, data: str | torch.Tensor) -> str | None:
         """Why the image is refused before decoding, or None."""
-        if self.max_pixels is not None and (pixels := _declared_pixels(data)) > self.max_pixels:
+        if self.max_pixels is None:
+            return None
+        try:
+            h, w = declared_size(data)
+            pixels = h * w
+        except TooLarge as e:
+            pixels = e.pixels
+        if pixels > self.max_pixels:
             return f"declares {pixels} pixels, more than data.max_image_pixels={self.max_pixels}"
         return None
 

@@ -1,11 +1,13 @@
 """Datasets of encoded images (JPEG/PNG bytes) from any indexed source: an image folder tree, tar
 shards, a Hugging Face dataset. A source lists a split once into arrays (labels, where each image's
 bytes are); `image_bundle` turns a train and a val source into the run's datasets, decoded per
-sample on the CPU, through the decoded cache (data.cache), or in batches by nvJPEG (data.decode=gpu),
+sample on the CPU, through the decoded cache (data.cache), or in batches by nvJPEG (data.decode=gpu,
+data/device_decode.py),
 the same for every source. Images that fail are bad samples (data/safe.py), named by the source."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -14,7 +16,6 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
-from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import v2
 
 from turbotrain.core.schema import ConfigError
@@ -23,6 +24,7 @@ from turbotrain.data.batched import batch_pipeline
 from turbotrain.data.bundle import DataBundle
 from turbotrain.data.cache import CachedImages, open_cache
 from turbotrain.data.decode import RGBReader
+from turbotrain.data.device_decode import DeviceDecode, EncodedTrain, PassEncoded, check_gpu_decode
 from turbotrain.data.safe import SafeDataset, collate_skipping_bad
 from turbotrain.data.vision import ImageBatch, NormalizeCollate
 
@@ -62,76 +64,6 @@ class DecodedImages(Dataset):
 
     def __getitem__(self, i: int):
         return self.transform(self.reader(self.source.encoded(i))), int(self.source.labels[i])
-
-
-class GpuDecodedTrain(Dataset):
-    """data.decode=gpu (no cache): a training batch's JPEGs decoded in one nvJPEG call
-    (torchvision.io.decode_jpeg on CUDA), then cropped, resized and augmented as a batch on the
-    GPU. A batch that fails to decode is decoded image by image; images that fail, and images whose
-    header declares more than data.max_image_pixels (checked before anything is decoded), are
-    dropped and counted (the third element of the batch), as bad samples are on the CPU path."""
-
-    def __init__(self, source: ImageSource, size: int, ops: list[v2.Transform], reader: RGBReader):
-        self.source, self.augment = source, batch_pipeline([v2.RandomResizedCrop(size, antialias=True), *ops])
-        self.reader, self.device = reader, torch.device("cuda")
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def _decode(self, indices: list[int]) -> list[torch.Tensor | None]:
-        files = {i: self.source.encoded(i) for i in indices}
-        refused = {i: why for i, data in files.items() if (why := self.reader.refusal(data))}
-        for i, why in refused.items():
-            log.warning("bad sample %s: %s (skipped)", self.source.name(i), why)
-        decoded = iter(self._decode_files([files[i] for i in indices if i not in refused]))
-        return [None if i in refused else next(decoded) for i in indices]
-
-    def _decode_files(self, files: list[torch.Tensor]) -> list[torch.Tensor | None]:
-        if not files:
-            return []
-        try:
-            return decode_jpeg(files, mode=ImageReadMode.RGB, device=self.device)
-        except RuntimeError:
-            out = []
-            for f in files:
-                try:
-                    out.append(decode_jpeg(f, mode=ImageReadMode.RGB, device=self.device))
-                except RuntimeError:
-                    out.append(None)
-            return out
-
-    def __getitems__(self, indices: list[int]):
-        decoded = self._decode(indices)
-        kept = [k for k, image in enumerate(decoded) if image is not None]
-        images = self.augment([decoded[k] for k in kept])
-        labels = torch.tensor([int(self.source.labels[indices[k]]) for k in kept], device=self.device)
-        return ImageBatch(images, labels), len(indices) - len(kept)
-
-    def __getitem__(self, i: int):
-        return self.__getitems__([i])
-
-
-class GpuCollate:
-    """data.decode=gpu: training batches (already on the GPU) are normalized there and keep their
-    count of dropped images; evaluation batches take the CPU path's collate."""
-
-    def __init__(self, normalize: NormalizeCollate, fallback):
-        self.normalize, self.fallback = normalize, fallback
-
-    def __call__(self, batch):
-        if isinstance(batch, tuple) and isinstance(batch[0], ImageBatch):
-            images, labels = self.normalize(batch[0])
-            return images, labels, batch[1]
-        return self.fallback(batch)
-
-
-def _check_gpu_decode(cfg) -> None:
-    if cfg.decode != "gpu":
-        return
-    if not torch.cuda.is_available():
-        raise ConfigError("data.decode=gpu needs CUDA (nvJPEG) and this machine has none: use data.decode=cpu")
-    if cfg.cache != "none":
-        raise ConfigError(f"data.decode=gpu decodes the JPEG files themselves: it needs data.cache=none, not {cfg.cache}")
 
 
 class CacheView(Dataset):
@@ -192,7 +124,7 @@ def _cached(cfg, name: str, splits: dict[str, ImageSource], reader: RGBReader, s
 
 def image_bundle(cfg, name: str, train: ImageSource, val: ImageSource) -> DataBundle:
     """The run's datasets over a train and a val source. `name` names the data in the cache's folder names."""
-    _check_gpu_decode(cfg)
+    check_gpu_decode(cfg)
     if train.classes != val.classes:
         raise ConfigError(f"data={cfg.name} (data.root={cfg.root}): the training and validation splits have different classes")
     empty = sorted(set(train.classes) - {train.classes[t] for t in np.unique(train.labels)})
@@ -211,14 +143,16 @@ def image_bundle(cfg, name: str, train: ImageSource, val: ImageSource) -> DataBu
     def safe(source: ImageSource, tf) -> SafeDataset:
         return SafeDataset(DecodedImages(source, reader, tf), cfg.on_bad_sample, source.name)
 
+    on_device = None
     if cfg.cache != "none":
         train_ds, val_ds, train_eval = _cached(cfg, name, {"train": train, "val": val}, reader, size)
         collate = NormalizeCollate(cfg.mean, cfg.std)
     else:  # train_eval: the training images with eval transforms, the same listing
         train_eval, val_ds = safe(train, val_tf), safe(val, val_tf)
-        if cfg.decode == "gpu":  # training batches on the GPU; evaluation decodes on the CPU as before
-            train_ds = GpuDecodedTrain(train, size, [build_op(a) for a in cfg.augment], reader)
-            collate = GpuCollate(NormalizeCollate(cfg.mean, cfg.std), collate_skipping_bad)
+        if cfg.decode == "gpu":  # training batches decoded on the GPU; evaluation on the CPU as before
+            pipeline = batch_pipeline([v2.RandomResizedCrop(size, antialias=True), *(build_op(a) for a in cfg.augment)])
+            train_ds, collate = EncodedTrain(train, pipeline, reader), PassEncoded(collate_skipping_bad)
+            on_device = functools.partial(DeviceDecode, pipeline=pipeline, normalize=NormalizeCollate(cfg.mean, cfg.std))
         else:
             train_ds, collate = safe(train, train_tf), collate_skipping_bad
     return DataBundle(
@@ -233,5 +167,5 @@ def image_bundle(cfg, name: str, train: ImageSource, val: ImageSource) -> DataBu
         std=list(cfg.std),
         class_names=list(train.classes),
         class_files=train.class_files,
-        batches_on_device=cfg.decode == "gpu",
+        train_on_device=on_device,
     )

@@ -157,11 +157,14 @@ def build_loader(
     train: bool,
     epoch_seed: torch.Tensor | None = None,
     collate_fn=None,
+    on_device=None,
 ) -> DataLoader:
-    """With `epoch_seed` (an epoch_seed_cell), batches are fetched through SeededBatches."""
-    return LOADERS.of(loader_cfg).build(
+    """With `epoch_seed` (an epoch_seed_cell), batches are fetched through SeededBatches; with
+    `on_device` (DataBundle.train_on_device), the main process finishes each batch on `device`."""
+    loader = LOADERS.of(loader_cfg).build(
         dataset, batch_size, sampler, loader_cfg, device, train, epoch_seed=epoch_seed, collate_fn=collate_fn
     )
+    return on_device(loader, device=device) if on_device is not None else loader
 
 
 @LOADERS.register("default", LoaderConfig)

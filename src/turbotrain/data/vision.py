@@ -124,7 +124,14 @@ class NormalizeCollate:
             images, labels = torch.stack([b[0] for b in batch]), torch.tensor([b[1] for b in batch])
         # normalized in place (never the store's own tensor), in the layout models expect
         images = images.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
-        return images.sub_(self.shift.to(images.device)).div_(self.std.to(images.device)), labels
+        shift, std = self._on(images.device)
+        return images.sub_(shift).div_(std), labels
+
+    def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The constants on `device`, copied there once (a copy per batch waits for the GPU)."""
+        if self.shift.device != device:
+            self.shift, self.std = self.shift.to(device), self.std.to(device)
+        return self.shift, self.std
 
 
 def _tensor_pipelines(cfg, native_size: int) -> tuple[v2.Compose, v2.Compose, int]:

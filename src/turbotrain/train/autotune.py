@@ -68,6 +68,7 @@ def _time_setting(cfg, data, model: nn.Module, device: torch.device, setting: di
         device=device,
         train=True,
         collate_fn=data.collate,
+        on_device=data.train_on_device,
     )
     ends = [time.perf_counter()]
     try:

@@ -11,7 +11,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel
@@ -162,11 +161,10 @@ def _loaders(cfg, data: DataBundle, info: dist.DistInfo, device: torch.device) -
     steps_per_epoch = math.ceil(batches_in_epoch / tc.grad_accum_steps)
     total_steps = int(min(tc.max_epochs * steps_per_epoch, tc.max_steps or math.inf))
     epoch_seed = epoch_seed_cell()
-    loader_cfg = cfg.loader
-    if data.batches_on_device:  # CUDA tensors cannot come from worker processes, nor be pinned
-        loader_cfg = OmegaConf.merge(cfg.loader, {"num_workers": 0, "pin_memory": False, "auto_workers": False})
-    common = {"loader_cfg": loader_cfg, "device": device, "collate_fn": data.collate}
-    train = build_loader(data.train, batch_size=batch, sampler=sampler, train=True, epoch_seed=epoch_seed, **common)
+    common = {"loader_cfg": cfg.loader, "device": device, "collate_fn": data.collate}
+    train = build_loader(
+        data.train, batch_size=batch, sampler=sampler, train=True, epoch_seed=epoch_seed, on_device=data.train_on_device, **common
+    )
     val_sampler = EpochSampler(len(data.val), 0, shuffle=False, rank=info.rank, world_size=info.world_size, pad=False)
     val = build_loader(data.val, batch_size=cfg.data.eval_batch_size or 2 * batch, sampler=val_sampler, train=False, **common)
     return Loaders(sampler, epoch_seed, train, val, batches_in_epoch, steps_per_epoch, total_steps)
@@ -186,14 +184,12 @@ def _autotune(
     """trainer.autotune (or loader=tuned: the worker count alone, by real steps); the choice is
     applied to `cfg` and the model. A resumed run keeps its first session's choice."""
     tc = cfg.trainer
-    workers = cfg.loader.auto_workers and not data.batches_on_device  # GPU batches: no worker processes
-    if not (tc.autotune or workers):
+    if not (tc.autotune or cfg.loader.auto_workers):
         return None
     if resume_ckpt is not None:
         tuned = {"chosen": choice_from_checkpoint(resume_ckpt), "from_checkpoint": True}
     else:
         knobs = list(tc.autotune_knobs) if tc.autotune else ["num_workers"]
-        knobs = [k for k in knobs if k != "num_workers" or not data.batches_on_device]
         tuned = autotune(cfg, data, model, device, loaders.total_steps, col.summer(info), knobs, stop)
     apply_choice(cfg, tuned["chosen"])
     if data.kind == "text" and ATTENTION.of(cfg.attention).traits.get("kernels"):  # full attention, tuned or swapped in
