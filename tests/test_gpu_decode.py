@@ -69,7 +69,9 @@ def test_workers_hand_over_the_files_bytes_and_the_device_half_equals_decode_cpu
             assert int(source.labels[by_name[name]]) in b.labels.tolist()
     bad = {"cpu": 0, "gpu": 0}
     for (x, y, dropped_cpu), (gx, gy, dropped_gpu) in zip(cpu, gpu, strict=True):
-        torch.testing.assert_close(gx, x, rtol=0, atol=0)  # same crops, flips and normalization
+        # same crops and flips: a different one moves pixels by ~0.1; the normalizations' float
+        # order differs by one rounding (~5e-7)
+        torch.testing.assert_close(gx, x, rtol=0, atol=1e-5)
         assert torch.equal(gy, y)
         bad["cpu"] += int(dropped_cpu)
         bad["gpu"] += int(dropped_gpu)

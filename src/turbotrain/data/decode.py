@@ -29,6 +29,8 @@ def declared_size(data: str | torch.Tensor) -> tuple[int, int]:
         try:
             with Image.open(source) as im:
                 w, h = im.size
+        except Image.UnidentifiedImageError as e:  # its message names a BytesIO, not the file
+            raise ValueError("no image header PIL knows") from e
         except Image.DecompressionBombError as e:
             raise TooLarge(int(re.search(r"\((\d+) pixels\)", str(e)).group(1))) from e
     return h, w

@@ -28,17 +28,23 @@ log = logging.getLogger("turbotrain")
 
 
 class EncodedBatch(NamedTuple):
-    """What a worker hands over: the kept files' bytes, their labels and draws, the count of
-    files dropped, and a seed for the ops that draw as they apply (the main process's RNG is not
-    the loader's)."""
+    """What a worker hands over: the kept files' bytes (one tensor, `sizes` long each: one shared
+    memory segment per batch, not one file descriptor per file, which runs out), their labels and
+    draws, the count of files dropped, and a seed for the ops that draw as they apply (the main
+    process's RNG is not the loader's)."""
 
-    files: list[torch.Tensor]
+    data: torch.Tensor
+    sizes: list[int]
     names: list[str]  # what a warning calls each file
     labels: torch.Tensor
     shapes: list[tuple[int, int]]
     draws: list[list]
     dropped: int
     seed: int
+
+    @property
+    def files(self) -> list[torch.Tensor]:
+        return list(torch.split(self.data, self.sizes))
 
 
 def check_gpu_decode(cfg) -> None:
@@ -74,8 +80,10 @@ class EncodedTrain(Dataset):
     def __getitems__(self, indices: list[int]) -> EncodedBatch:
         read = [(i, r) for i in indices if (r := self._read(i)) is not None]
         shapes = [shape for _, (_, shape) in read]
+        files = [data for _, (data, _) in read]
         return EncodedBatch(
-            files=[data for _, (data, _) in read],
+            data=torch.cat(files) if files else torch.empty(0, dtype=torch.uint8),
+            sizes=[len(f) for f in files],
             names=[self.source.name(i) for i, _ in read],
             labels=torch.tensor([int(self.source.labels[i]) for i, _ in read], dtype=torch.int64),
             shapes=shapes,
@@ -116,7 +124,8 @@ class DeviceDecode:
         return map(self.finish, self.loader)
 
     def finish(self, batch: EncodedBatch) -> tuple:
-        decoded = self._decode(batch.files)
+        files = batch.files
+        decoded = self._decode(files)
         kept = [k for k, image in enumerate(decoded) if image is not None and tuple(image.shape[-2:]) == batch.shapes[k]]
         for k in sorted(set(range(len(decoded))) - set(kept)):
             log.warning("bad sample %s: nvJPEG could not decode it to the size its header declares (skipped)", batch.names[k])
@@ -126,7 +135,7 @@ class DeviceDecode:
             images = self.pipeline.apply([decoded[k] for k in kept], draws)
         labels = batch.labels[kept].to(self.device, non_blocking=True)
         images, labels = self.normalize(ImageBatch(images, labels))
-        return images, labels, batch.dropped + len(batch.files) - len(kept)
+        return images, labels, batch.dropped + len(files) - len(kept)
 
     def _decode(self, files: list[torch.Tensor]) -> list[torch.Tensor | None]:
         if not files:
