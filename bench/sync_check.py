@@ -5,10 +5,13 @@ CPU) stalls the GPU queue once per step; in sync-debug mode it raises at the lin
 The loop's own steps (loop.short_run: fp16 autocast and GradScaler, the fused optimizer, the
 non-finite check, the meter), on a batch already on the GPU; steps 1-3 warm up (cuDNN's
 choices, the scaler's first scale) and the epoch's end, which reads its counts once, runs with
-the mode off again. `python -m bench.sync_check` exits 1 naming the line of the first sync.
+the mode off again. `python -m bench.sync_check [precision]` (default amp: fp16 with GradScaler)
+exits 1 naming the line of the first sync.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -22,10 +25,11 @@ from turbotrain.train.loop import TrainState, short_run
 from turbotrain.train.precision import build_precision
 
 
-def run(steps: int = 20, batch: int = 64, size: int = 64) -> None:
+def run(precision_name: str = "amp", steps: int = 20, batch: int = 64, size: int = 64) -> None:
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["model=resnet18", "precision=amp", f"trainer.log_every_n_steps={steps}"])
+        overrides = ["model=resnet18", f"precision={precision_name}", f"trainer.log_every_n_steps={steps}"]
+        cfg = compose(config_name="train", overrides=overrides)
     device = torch.device("cuda")
     model = build_model(cfg.model, 10, 3).to(device, memory_format=torch.channels_last)
     x = torch.randn(steps * batch, 3, size, size, device=device)
@@ -37,8 +41,8 @@ def run(steps: int = 20, batch: int = 64, size: int = 64) -> None:
 
     precision = build_precision(cfg.precision, device)
     short_run(model, loader, cfg, device=device, precision=precision, batches=steps, on_step=on_step)
-    print(f"sync check: no host sync in training steps 4-{steps - 1} (resnet18, fp16 + GradScaler, fused SGD)")
+    print(f"sync check: no host sync in training steps 4-{steps - 1} (resnet18, precision={precision_name}, SGD)")
 
 
 if __name__ == "__main__":
-    run()
+    run(*sys.argv[1:2])
