@@ -98,6 +98,9 @@ def test_a_corrupt_member_is_skipped_and_counted_and_a_damaged_or_missing_shard_
     r = _train(shards, tmp_path / "b", "data.on_bad_sample=error")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
     assert f"shard {last} is damaged after 2 samples" in r.stderr
+    r = _train(shards, tmp_path / "d")  # skip: the cut sample is counted once, in summary.json
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert r.returncode == 0 and (summary["bad_samples"], summary["bad_samples_indexed"]) == (1, 1), r.stderr[-2000:]
     r = _train(shards, tmp_path / "c", "data.train_shards='train-{000000..000010}.tar'")  # quoted: Hydra reads {} as a dict
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"error: data.train_shards=train-{{000000..000010}}.tar: missing shard {shards / 'train-000010.tar'}"

@@ -160,6 +160,7 @@ def test_bad_files_with_error_policy_name_the_file(bad_tree, tmp_path):
         ("data.batch_size=0", "data.batch_size"),
         ("compression=channel_prune compression.flops_reduction=1.0", "compression.flops_reduction"),
         ("data=imagenet", "data.root"),
+        ("data=webdataset data.root=/no/such/dir", "data.root=/no/such/dir: no such directory"),
         ("precision.name=fp8", "allowed: fp32, amp, bf16, fp16"),
     ],
 )

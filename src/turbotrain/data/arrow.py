@@ -7,6 +7,7 @@ column's ClassLabel feature (its integers as names where it has none)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,8 @@ from turbotrain.core.schema import ConfigError, setting
 from turbotrain.data.bundle import DATA, DataBundle
 from turbotrain.data.encoded import ImageSource, image_bundle
 from turbotrain.data.folder import EncodedImagesConfig, required_root
+
+log = logging.getLogger("turbotrain")
 
 
 @dataclass
@@ -41,16 +44,22 @@ class ArrowSource(ImageSource):
         if ds._indices is not None:  # a selected or shuffled view: rows in their own order, once
             ds = ds.flatten_indices()
         feature = ds.features[label_column]
-        self.labels = np.asarray(ds.data.column(label_column).to_numpy(), dtype=np.int64)
+        # a null label (or ClassLabel's -1, "no label") is a row left out, not a garbage integer
+        labels = np.asarray(ds.data.column(label_column).fill_null(-1).to_numpy(), dtype=np.int64)
+        self.rows = np.flatnonzero(labels >= 0)
+        self.labels, self.left_out = labels[self.rows], len(labels) - len(self.rows)
+        if self.left_out:
+            first = ", ".join(str(r) for r in np.flatnonzero(labels < 0)[:5])
+            log.warning("split %s: %d row(s) without a label left out (rows %s...)", split, self.left_out, first)
         top = int(self.labels.max()) if len(self.labels) else -1
         self.classes = list(feature.names) if isinstance(feature, datasets.ClassLabel) else [str(k) for k in range(top + 1)]
         self.images, self.split, self.fingerprint = ds.data.column(image_column), split, ds._fingerprint
 
     def name(self, i: int) -> str:
-        return f"split {self.split} row {i}"
+        return f"split {self.split} row {self.rows[i]}"
 
     def encoded(self, i: int) -> torch.Tensor:
-        image = self.images[i]
+        image = self.images[int(self.rows[i])]
         if image.is_valid and (data := image["bytes"].as_py()) is not None:
             return torch.frombuffer(bytearray(data), dtype=torch.uint8)
         if image.is_valid and (path := image["path"].as_py()):

@@ -47,6 +47,9 @@ class DataBundle:
     collate: Callable | None = None
     # data.decode=gpu: (train loader, device=) -> the loader whose batches it decodes on that device
     train_on_device: Callable | None = None
+    # samples the readers left out while listing both splits (malformed, unlabelled): summary.json's
+    # bad_samples_indexed, once per run (bad_samples counts decode failures, each time one is read)
+    bad_indexed: int = 0
 
 
 def build_data(data_cfg, tokenizer=None) -> DataBundle:

@@ -42,6 +42,7 @@ class ImageSource:
     labels: np.ndarray
     fingerprint: str
     class_files: dict[str, str] | None = None
+    left_out: int = 0  # samples the listing found malformed and left out (each named in a warning)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -168,4 +169,5 @@ def image_bundle(cfg, name: str, train: ImageSource, val: ImageSource) -> DataBu
         class_names=list(train.classes),
         class_files=train.class_files,
         train_on_device=on_device,
+        bad_indexed=train.left_out + val.left_out,
     )

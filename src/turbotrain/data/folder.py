@@ -40,10 +40,13 @@ class ImageFolderConfig(EncodedImagesConfig):
 
 
 def required_root(cfg, layout: str) -> Path:
-    """data.root, checked to be given: `layout` says what it should hold."""
+    """data.root, checked to be given and to be a directory: `layout` says what it should hold."""
     if not cfg.root or cfg.root == "???":
         raise ConfigError(f"data.root is required for data={cfg.name} ({layout})")
-    return Path(os.path.expanduser(cfg.root))
+    root = Path(os.path.expanduser(cfg.root))
+    if not root.is_dir():
+        raise ConfigError(f"data.root={cfg.root}: no such directory (data={cfg.name} expects {layout})")
+    return root
 
 
 def _split(cfg, root: Path, split: str) -> FolderSource:

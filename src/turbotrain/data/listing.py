@@ -54,7 +54,8 @@ def _walk(split: str, label: int, cls: str, out: dict) -> str:
         out["dirs"].append(rel)
         out["dir_mtimes"].append(os.stat(os.path.join(split, rel)).st_mtime_ns)
         files = sorted((e for e in entries if not e.is_dir() and e.name.lower().endswith(IMG_EXTENSIONS)), key=lambda e: e.name)
-        found.append((rel, [e.name for e in files], [e.stat() for e in files]))
+        stats = [(e.name, st) for e in files if (st := _stat(split, rel, e, out)) is not None]
+        found.append((rel, [name for name, _ in stats], [st for _, st in stats]))
         pending += [f"{rel}/{e.name}" for e in entries if e.is_dir()]
     lines = []
     for rel, names, stats in sorted(found):
@@ -67,6 +68,16 @@ def _walk(split: str, label: int, cls: str, out: dict) -> str:
     return class_digest(lines)
 
 
+def _stat(split: str, rel: str, entry: os.DirEntry, out: dict) -> os.stat_result | None:
+    """The file's stat; None for one that cannot be read (a broken symlink): left out, named, counted."""
+    try:
+        return entry.stat()
+    except OSError as e:
+        log.warning("bad sample %s: %s (skipped)", os.path.join(split, rel, entry.name), e.strerror or e)
+        out["left_out"] += 1
+        return None
+
+
 def class_digest(lines: list[str]) -> str:
     """A class's digest of its samples' "name size" lines, in any order (what a resume compares)."""
     return hashlib.sha1("\n".join(sorted(lines)).encode()).hexdigest()[:16]
@@ -77,8 +88,9 @@ def scan(split: Path) -> dict:
     root = str(split)
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
     out = {"paths": [], "labels": [], "sizes": [], "mtimes": [], "dirs": [""], "dir_mtimes": [os.stat(root).st_mtime_ns]}
+    out["left_out"] = 0
     class_files = {cls: _walk(root, label, cls, out) for label, cls in enumerate(classes)}
-    meta = {"version": VERSION, "root": root, "classes": classes, "class_files": class_files}
+    meta = {"version": VERSION, "root": root, "classes": classes, "class_files": class_files, "left_out": out["left_out"]}
     paths, offsets = pack_strings(out["paths"])
     dirs, dir_offsets = pack_strings(out["dirs"])
     arrays = {
@@ -146,7 +158,7 @@ class FolderSource(ImageSource):
     def __init__(self, listing: dict):
         meta = json.loads(str(listing["meta"]))
         self.root, self.classes, self.class_files = meta["root"], meta["classes"], meta["class_files"]
-        self.fingerprint = meta["fingerprint"]
+        self.fingerprint, self.left_out = meta["fingerprint"], meta.get("left_out", 0)
         self.paths, self.offsets, self.labels = listing["paths"], listing["offsets"], listing["labels"]
 
     def name(self, i: int) -> str:

@@ -34,7 +34,7 @@ from turbotrain.data.listing import class_digest, pack_strings, save_index, unpa
 from turbotrain.data.safe import DataError
 
 log = logging.getLogger("turbotrain")
-VERSION = 2  # bump when the saved index's layout changes
+VERSION = 3  # bump when the saved index's layout or meaning changes (3: one record per sample)
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 CLASSES_FILE = "classes.txt"  # beside the shards: one class name per line, label order
 OPEN_FILES = 128  # shards a process keeps open at once
@@ -70,15 +70,27 @@ def shard_paths(cfg, root: Path, key: str) -> list[Path]:
     return paths
 
 
+class BadSample(ValueError):
+    """One sample of a shard that cannot train: it alone is left out (or stops the run), named."""
+
+
 def _label(member_bytes: bytes, ext: str) -> int:
-    if ext == "cls":
-        return int(member_bytes.decode().strip())
-    meta = json.loads(member_bytes)
-    return int(meta["label"] if "label" in meta else meta["cls"])
+    """The label a .cls (an integer as text) or a .json ({"label": n} or {"cls": n}) holds."""
+    try:
+        if ext == "cls":
+            return int(member_bytes.decode().strip())
+        meta = json.loads(member_bytes)
+        value = meta["label"] if "label" in meta else meta["cls"]
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError) as e:  # a WordNet id, no "label" key, a list...
+        raise BadSample(f"its .{ext} holds no integer label ({type(e).__name__}: {e})") from e
+    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).strip().isdigit():
+        raise BadSample(f"its .{ext} label {value!r} is not a non-negative integer")
+    return int(value)
 
 
 def _samples_of(tar: tarfile.TarFile):
-    """(key, {ext: member}) per sample: consecutive members sharing a key (WebDataset's grouping)."""
+    """(key, {ext: member}) per sample: consecutive members sharing a key (WebDataset's grouping:
+    the key is the member's path up to the first dot of its name)."""
     key, group = None, {}
     for member in tar:
         if not member.isfile():
@@ -96,29 +108,74 @@ def _samples_of(tar: tarfile.TarFile):
         yield key, group
 
 
+def _sample(tar: tarfile.TarFile, group: dict, shard_size: int) -> tuple[int, int, int]:
+    """(offset, size, label) of one sample, read whole before anything of it is kept; BadSample
+    says why not."""
+    if any(m.offset_data + m.size > shard_size for m in group.values()):
+        raise BadSample("the shard ends inside it (truncated)")
+    image = next((group[e] for e in IMAGE_EXTS if e in group), None)
+    label = next((e for e in ("cls", "json") if e in group), None)
+    if image is None or label is None:
+        what = "an image member (.jpg, .jpeg, .png, .webp)" if image is None else "a label member (.cls, .json)"
+        raise BadSample(f"no {what}; it has {', '.join('.' + e for e in group)}")
+    if image.size == 0:
+        raise BadSample("its image member is empty")
+    return image.offset_data, image.size, _label(tar.extractfile(group[label]).read(), label)
+
+
+COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")  # gzip, bzip2, xz, zstd
+
+
+def _check_plain(path: Path) -> None:
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic.startswith(COMPRESSED):
+        raise ConfigError(
+            f"shard {path} is compressed: shards are read by random access, which needs plain tars; "
+            "decompress them (gunzip, bunzip2, unxz) or write them uncompressed"
+        )
+
+
+def _truncated(path: Path, kept: int, policy: str) -> None:
+    """A shard cut inside a member's header: what followed is gone, and how many samples it held
+    cannot be known (the sample the cut fell in is counted where its members show it)."""
+    message = f"shard {path} ends inside a member's header after {kept} samples (truncated): any later samples are lost"
+    if policy == "error":
+        raise DataError(message + " (data.on_bad_sample=skip keeps the samples before it)")
+    log.warning(message)
+
+
 def index_shard(path: Path, policy: str) -> tuple[list[str], list[int], list[int], list[int], int]:
-    """(keys, offsets, sizes, labels, skipped) of one shard's samples; a damaged shard keeps its
-    samples before the damage (data.on_bad_sample=skip) or stops the run naming it (error)."""
-    keys, offsets, sizes, labels, skipped = [], [], [], [], 0
+    """(keys, offsets, sizes, labels, skipped) of one shard's samples, one record per sample: a
+    malformed sample is left out alone and named (data.on_bad_sample=skip) or stops the run naming
+    it (error). Damage that ends the tar keeps the samples before it and counts one lost sample:
+    how many followed cannot be known."""
+    _check_plain(path)
+    records, skipped, shard_size = [], 0, path.stat().st_size
+
+    def bad(where: str, why: str) -> None:
+        nonlocal skipped
+        if policy == "error":
+            raise DataError(f"bad sample {where}: {why} (data.on_bad_sample=skip leaves it out)")
+        log.warning("bad sample %s: %s (skipped)", where, why)
+        skipped += 1
+
     try:
         with tarfile.open(path, "r:") as tar:
             for key, group in _samples_of(tar):
-                image = next((group[e] for e in IMAGE_EXTS if e in group), None)
-                label = next((e for e in ("cls", "json") if e in group), None)
-                if image is None or label is None:
-                    skipped += 1
-                    log.warning("bad sample %s:%s: no image or no label member (.cls, .json) (skipped)", path, key)
-                    continue
-                keys.append(key), offsets.append(image.offset_data), sizes.append(image.size)
-                labels.append(_label(tar.extractfile(group[label]).read(), label))
-    except (tarfile.TarError, OSError, ValueError, KeyError) as e:
-        message = f"shard {path} is damaged after {len(keys)} samples: {type(e).__name__}: {e}"
+                try:
+                    records.append((key, *_sample(tar, group, shard_size)))
+                except BadSample as e:
+                    bad(f"{path}:{key}", str(e))
+            if 0 < shard_size - tar.offset < tarfile.BLOCKSIZE:  # tarfile stops at a header cut short, silently
+                _truncated(path, len(records), policy)
+    except (tarfile.TarError, OSError) as e:  # tarfile's "unexpected end of data": cut inside a member
+        message = f"shard {path} is damaged after {len(records)} samples: {type(e).__name__}: {e}"
         if policy == "error":
             raise DataError(message + " (data.on_bad_sample=skip keeps the samples before the damage)") from e
-        log.warning("%s (its later samples skipped)", message)
+        log.warning("%s (counted as one lost sample: how many followed it cannot be known)", message)
         skipped += 1
-    if skipped and policy == "error":
-        raise DataError(f"shard {path}: {skipped} sample(s) without an image or a label (data.on_bad_sample=skip skips them)")
+    keys, offsets, sizes, labels = (list(column) for column in zip(*records, strict=True)) if records else ([], [], [], [])
     return keys, offsets, sizes, labels, skipped
 
 
@@ -167,7 +224,7 @@ class ShardSource(ImageSource):
         self.paths, self.classes = [str(p) for p in paths], classes
         self.keys, self.key_offsets = index["keys"], index["key_offsets"]
         self.shard, self.offsets, self.sizes, self.labels = index["shard"], index["offsets"], index["sizes"], index["labels"]
-        self.fingerprint = str(index["digest"])
+        self.fingerprint, self.left_out = str(index["digest"]), int(index["skipped"])
         digests = json.loads(str(index["label_files"]))
         self.class_files = {c: digests.get(str(k), "") for k, c in enumerate(classes)}
         self._open: dict[int, int] = {}
@@ -212,7 +269,6 @@ def webdataset(cfg, tokenizer=None) -> DataBundle:
     indexes = {split: load_index(p, index_dir, cfg.on_bad_sample) for split, p in paths.items()}
     classes = _classes(cfg, paths["train"], [ix["labels"] for ix in indexes.values()])
     train, val = (ShardSource(paths[s], indexes[s], classes) for s in ("train", "val"))
-    skipped = sum(int(ix["skipped"]) for ix in indexes.values())
-    if skipped:
-        log.warning("data=webdataset: %d damaged or incomplete sample(s) left out of the index", skipped)
+    if skipped := train.left_out + val.left_out:
+        log.warning("data=webdataset: %d malformed or damaged sample(s) left out of the index (bad_samples_indexed)", skipped)
     return image_bundle(cfg, root.resolve().name, train, val)

@@ -169,8 +169,9 @@ def _read_hub(cfg):
         raise ConfigError(f"data.hub_name={cfg.hub_name}: could not load it from the hub ({type(e).__name__}: {e})") from e
 
 
-def _labelled(cfg, ds) -> tuple[tuple[list, list], tuple[list, list], list[str]]:
-    """(texts, label indices) of the train and validation splits of a datasets.DatasetDict."""
+def _labelled(cfg, ds) -> tuple[tuple[list, list], tuple[list, list], list[str], int]:
+    """(texts, label indices) of the train and validation splits of a datasets.DatasetDict, the
+    class names, and how many rows were left out."""
     val_split = next((s for s in ("validation", "test") if s in ds), None)
     if "train" not in ds or val_split is None:
         raise ConfigError(f"data: need a train and a validation/test split, found {list(ds)}")
@@ -179,7 +180,7 @@ def _labelled(cfg, ds) -> tuple[tuple[list, list], tuple[list, list], list[str]]
             raise ConfigError(f"data: column {col!r} not in {ds['train'].column_names} (data.text_column/label_column)")
     raw_labels = sorted({str(x) for x in ds["train"][cfg.label_column] if x is not None and str(x).strip()})
     index = {name: i for i, name in enumerate(raw_labels)}
-    out = []
+    out, left_out = [], 0
     for split in ("train", val_split):
         texts, labels = [], []
         for text, label in zip(ds[split][cfg.text_column], ds[split][cfg.label_column]):
@@ -187,6 +188,7 @@ def _labelled(cfg, ds) -> tuple[tuple[list, list], tuple[list, list], list[str]]
                 continue  # empty text, missing or unknown label: skipped (counted below)
             texts.append(str(text))
             labels.append(index[str(label)])
+        left_out += len(ds[split]) - len(texts)
         if len(texts) < len(ds[split]):
             log.warning(
                 "data: skipped %d rows of %s with empty text or missing/unknown label",
@@ -194,7 +196,7 @@ def _labelled(cfg, ds) -> tuple[tuple[list, list], tuple[list, list], list[str]]
                 split,
             )
         out.append((texts, labels))
-    return out[0], out[1], raw_labels
+    return out[0], out[1], raw_labels, left_out
 
 
 @DATA.register("wordnet", WordNetConfig, kind="text")
@@ -214,7 +216,7 @@ def hf_hub(cfg, tokenizer) -> DataBundle:
     return _tokenized(cfg, tokenizer, *_labelled(cfg, _read_hub(cfg)))
 
 
-def _tokenized(cfg, tokenizer, train, val, class_names: list[str]) -> DataBundle:
+def _tokenized(cfg, tokenizer, train, val, class_names: list[str], left_out: int = 0) -> DataBundle:
     datasets = [TokenizedText(_encode(tokenizer, t, cfg.max_length), lab) for t, lab in (train, val)]
     return DataBundle(
         train=datasets[0],
@@ -224,4 +226,5 @@ def _tokenized(cfg, tokenizer, train, val, class_names: list[str]) -> DataBundle
         class_names=class_names,
         kind="text",
         collate=PadCollate(tokenizer.pad_token_id or 0),
+        bad_indexed=left_out,
     )

@@ -21,6 +21,7 @@ def summary_of(run) -> dict:
         "steps": state.global_step,
         "skipped_steps": state.skipped_steps,
         "bad_samples": state.bad_samples,
+        "bad_samples_indexed": p.data.bad_indexed,
         "train_time_s": state.train_time_s,
         "samples_per_s": samples / seconds if seconds else None,
         "data_wait_frac": wait / seconds if seconds else None,

@@ -1,0 +1,230 @@
+"""Every reader keeps each image with its own label: a malformed sample is left out alone, named
+and counted, and never shifts a later label onto another image. Shard sets are generated with
+webdataset's own TarWriter from a seed, malformed samples mixed in; each indexed image is found by
+its bytes and its label compared with the one written for it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+
+import pytest
+import torch
+from torchvision.io import encode_jpeg
+from webdataset import TarWriter
+
+from conftest import make_cfg
+from turbotrain.data import build_data
+from turbotrain.data.safe import DataError
+from turbotrain.data.tars import index_shard
+
+# what a sample can be: (kind, left out?); keys with dots or slashes, upper-case extensions and
+# .json labels are well-formed (WebDataset's grouping: the key ends at the name's first dot)
+KINDS = {
+    "jpg": False,
+    "JPG": False,
+    "json": False,
+    "slash_key": False,
+    "json_no_label": True,
+    "cls_wordnet_id": True,
+    "cls_float": True,
+    "no_image": True,
+    "unknown_ext": True,
+    "empty_image": True,
+    "dot_in_key": True,  # webdataset reads "k.v2.jpg" as key k, field "v2.jpg": no image field
+}
+
+
+def _jpeg(rng: random.Random) -> bytes:
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    return encode_jpeg(torch.randint(0, 256, (3, 8, 8), generator=g, dtype=torch.uint8), quality=90).numpy().tobytes()
+
+
+def _sample(kind: str, key: str, label: int, image: bytes) -> dict:
+    cls = str(label).encode()
+    return {
+        "jpg": {"__key__": key, "jpg": image, "cls": cls},
+        "JPG": {"__key__": key, "JPG": image, "cls": cls},
+        "json": {"__key__": key, "jpg": image, "json": json.dumps({"label": label, "who": "x"}).encode()},
+        "slash_key": {"__key__": f"part/{key}", "jpg": image, "cls": cls},
+        "json_no_label": {"__key__": key, "jpg": image, "json": b'{"caption": "a dog"}'},
+        "cls_wordnet_id": {"__key__": key, "jpg": image, "cls": b"n01440764"},
+        "cls_float": {"__key__": key, "jpg": image, "cls": b"3.5"},
+        "no_image": {"__key__": key, "cls": cls},
+        "unknown_ext": {"__key__": key, "tiff2": image, "cls": cls},
+        "empty_image": {"__key__": key, "jpg": b"", "cls": cls},
+        "dot_in_key": {"__key__": f"{key}.v2", "jpg": image, "cls": cls},
+    }[kind]
+
+
+def _write_shards(root, seed: int, split: str, shards: int, bad_rate: float) -> tuple[dict[str, int], int]:
+    """Shards of random samples: (image sha -> the label written with it, for well-formed
+    samples; how many were malformed). The last shard of a training set is cut inside a member."""
+    rng = random.Random(seed)
+    good, broken = {}, 0
+    for s in range(shards):
+        path = root / f"{split}-{s:06d}.tar"
+        written = []
+        with TarWriter(str(path), encoder=False) as sink:
+            for i in range(rng.randint(4, 14)):
+                kind = rng.choice([k for k, bad in KINDS.items() if bad]) if rng.random() < bad_rate else "jpg"
+                kind = rng.choice(["jpg", "JPG", "json", "slash_key"]) if kind == "jpg" else kind
+                label, image = rng.randrange(10), _jpeg(rng)
+                sink.write(_sample(kind, f"s{s}_{i:03d}", label, image))
+                written.append((kind, label, image))
+        if split == "train" and s == shards - 1:  # cut inside the data of a member of the k-th sample
+            data = path.read_bytes()
+            k = rng.randrange(len(written))
+            lost = [w for w in written[k:] if w[2] and w[2] in data]
+            cut = data.index(lost[0][2]) + 3 if lost else len(data)
+            path.write_bytes(data[:cut])
+            broken += 1 if lost else 0  # the sample the cut fell in; what follows it is invisible
+            written = written[: written.index(lost[0])] if lost else written
+        for kind, label, image in written:
+            if KINDS[kind]:
+                broken += 1
+            else:
+                good[hashlib.sha256(image).hexdigest()] = label
+    return good, broken
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_each_indexed_image_keeps_its_own_label_and_every_malformed_sample_is_counted(tmp_path, seed):
+    root = tmp_path / "shards"
+    root.mkdir()
+    good, broken = _write_shards(root, seed, "train", shards=3, bad_rate=0.35)
+    val_good, val_broken = _write_shards(root, seed + 100, "val", shards=1, bad_rate=0.35)
+    cfg = make_cfg("data=webdataset", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "data.image_size=8")
+    data = build_data(cfg.data)
+    for dataset, written in ((data.train, good), (data.val, val_good)):
+        source = dataset.dataset.source
+        got = {hashlib.sha256(bytes(source.encoded(i).numpy())).hexdigest(): int(source.labels[i]) for i in range(len(source))}
+        assert got == written  # every well-formed sample, each with the label written for its image
+    assert data.bad_indexed == broken + val_broken
+
+
+def test_a_malformed_label_stops_the_run_naming_the_shard_and_key_under_on_bad_sample_error(tmp_path):
+    path = tmp_path / "train-000000.tar"
+    rng = random.Random(0)
+    with TarWriter(str(path), encoder=False) as sink:
+        for i, kind in enumerate(["jpg", "cls_wordnet_id", "jpg"]):
+            sink.write(_sample(kind, f"k{i}", 1, _jpeg(rng)))
+    with pytest.raises(DataError, match=rf"^bad sample {path}:k1: its \.cls holds no integer label .*on_bad_sample=skip"):
+        index_shard(path, "error")
+    keys, _, _, labels, skipped = index_shard(path, "skip")
+    assert (keys, labels, skipped) == (["k0", "k2"], [1, 1], 1)  # the rest of the shard stays
+
+
+def test_hf_images_leave_out_rows_without_a_label_and_keep_every_other_row_with_its_own(tmp_path):
+    """Null labels (and ClassLabel's -1) are left out at listing and counted; a row without an
+    image keeps its place and is a bad sample when read (counted in bad_samples)."""
+    import datasets
+
+    rng = random.Random(5)
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=[f"c{k}" for k in range(4)])})
+    splits, expected = {}, {}
+    for split, n in (("train", 30), ("validation", 8)):
+        rows = {"image": [], "label": []}
+        for _ in range(n):
+            image, label = _jpeg(rng), rng.randrange(4)
+            roll = rng.random()
+            label = None if roll < 0.15 else -1 if roll < 0.25 else label
+            rows["image"].append(None if 0.25 <= roll < 0.35 else {"bytes": image, "path": None})
+            rows["label"].append(label)
+            expected.setdefault(split, []).append((image if rows["image"][-1] else None, label))
+        splits[split] = datasets.Dataset.from_dict(rows, features=features)
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "disk"))
+    data = build_data(make_cfg("data=hf_images", f"data.root={tmp_path / 'disk'}", "data.image_size=8").data)
+    for dataset, split in ((data.train, "train"), (data.val, "validation")):
+        source = dataset.dataset.source
+        labelled = [(image, label) for image, label in expected[split] if label is not None and label >= 0]
+        assert len(source) == len(labelled)
+        for i, (image, label) in enumerate(labelled):
+            assert int(source.labels[i]) == label
+            if image is None:
+                with pytest.raises(ValueError, match="no image"):
+                    source.encoded(i)
+            else:
+                assert bytes(source.encoded(i).numpy()) == image
+    unlabelled = sum(label is None or label < 0 for rows in expected.values() for _, label in rows)
+    assert data.bad_indexed == unlabelled > 0
+
+
+def test_the_image_folder_listing_labels_each_file_by_its_class_folder_and_counts_broken_links(tmp_path):
+    """Upper-case extensions and nested folders are samples of their class; other files are not
+    samples; a broken symlink is left out and counted; an empty .jpg stays (a bad sample when read)."""
+    rng = random.Random(7)
+    root, expected, broken = tmp_path / "tree", {}, 0
+    classes = ["ant", "bee", "cat"]
+    for split in ("train", "val"):
+        for label, cls in enumerate(classes):
+            for i in range(rng.randint(3, 8)):
+                kind = rng.choice(["jpg", "JPG", "nested", "txt", "empty", "broken_link"])
+                folder = root / split / cls / ("sub/deeper" if kind == "nested" else "")
+                folder.mkdir(parents=True, exist_ok=True)
+                name = f"{i:03d}.{'JPG' if kind == 'JPG' else 'txt' if kind == 'txt' else 'jpg'}"
+                if kind == "broken_link":
+                    (folder / name).symlink_to(tmp_path / "gone" / name)
+                    broken += 1
+                    continue
+                image = b"" if kind == "empty" else _jpeg(rng)
+                (folder / name).write_bytes(image)
+                if kind != "txt":
+                    expected[str(folder / name)] = label
+        for label, cls in enumerate(classes):  # every class keeps an image
+            (root / split / cls / "keep.jpg").write_bytes(_jpeg(rng))
+            expected[str(root / split / cls / "keep.jpg")] = label
+    data = build_data(make_cfg("data=imagenet", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}").data)
+    got = {}
+    for dataset in (data.train, data.val):
+        source = dataset.dataset.source
+        got |= {source.name(i): int(source.labels[i]) for i in range(len(source))}
+    assert got == expected and data.class_names == classes
+    assert data.bad_indexed == broken
+
+
+def test_text_rows_without_text_or_a_known_label_are_left_out_counted_and_the_rest_keep_theirs():
+    import datasets
+
+    from turbotrain.data.text import _labelled
+
+    rng = random.Random(3)
+    splits, kept, left_out = {}, {}, 0
+    for split in ("train", "validation"):
+        rows = {"text": [], "label": []}
+        for i in range(40):
+            text, label = f"{split} text {i}", rng.choice(["boat", "fruit", "tree"])
+            roll = rng.random()
+            if roll < 0.1:
+                text = "  "
+            elif roll < 0.2:
+                label = None
+            elif roll < 0.3 and split == "validation":
+                label = "dragon"  # not a training label
+            rows["text"].append(text)
+            rows["label"].append(label)
+            if text.strip() and label in ("boat", "fruit", "tree"):
+                kept.setdefault(split, []).append((text, label))
+            else:
+                left_out += 1
+        splits[split] = datasets.Dataset.from_dict(rows)
+    cfg = make_cfg("data=text_files").data
+    train, val, names, counted = _labelled(cfg, datasets.DatasetDict(splits))
+    for (texts, labels), split in ((train, "train"), (val, "validation")):
+        assert list(zip(texts, [names[k] for k in labels], strict=True)) == kept[split]
+    assert counted == left_out > 0
+
+
+def test_a_compressed_shard_is_refused_in_one_line_saying_to_decompress_it(tmp_path):
+    import gzip
+
+    from turbotrain.core.schema import ConfigError
+
+    plain = tmp_path / "train-000000.tar"
+    with TarWriter(str(plain), encoder=False) as sink:
+        sink.write(_sample("jpg", "k0", 1, _jpeg(random.Random(0))))
+    packed = tmp_path / "train-000001.tar"  # named .tar, gzip inside: the bytes decide
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    with pytest.raises(ConfigError, match=rf"^shard {packed} is compressed: .*decompress them"):
+        index_shard(packed, "skip")
