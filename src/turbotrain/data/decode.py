@@ -46,15 +46,18 @@ class RGBReader:
         self.max_pixels = max_pixels
 
     def refusal(self, data: str | torch.Tensor) -> str | None:
-        """Why the image is refused before decoding, or None."""
+        """Why the image is refused before decoding, or None (its header is read only under a limit)."""
         if self.max_pixels is None:
             return None
         try:
             h, w = declared_size(data)
-            pixels = h * w
         except TooLarge as e:
-            pixels = e.pixels
-        if pixels > self.max_pixels:
+            return self.refusal_of(e.pixels)
+        return self.refusal_of(h * w)
+
+    def refusal_of(self, pixels: int) -> str | None:
+        """Why an image whose header declares `pixels` is refused, or None."""
+        if self.max_pixels is not None and pixels > self.max_pixels:
             return f"declares {pixels} pixels, more than data.max_image_pixels={self.max_pixels}"
         return None
 

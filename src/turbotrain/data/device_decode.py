@@ -21,7 +21,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 from turbotrain.core.schema import ConfigError
 from turbotrain.data.batched import BatchPipeline
-from turbotrain.data.decode import RGBReader, declared_size
+from turbotrain.data.decode import RGBReader, TooLarge, declared_size
 from turbotrain.data.vision import ImageBatch, NormalizeCollate
 
 log = logging.getLogger("turbotrain")
@@ -66,10 +66,12 @@ class EncodedTrain(Dataset):
         return len(self.source)
 
     def _read(self, i: int) -> tuple[torch.Tensor, tuple[int, int]] | None:
-        try:
+        try:  # the header is read once: for the size limit and for the draws
             data = self.source.encoded(i)
-            why = self.reader.refusal(data)
             shape = declared_size(data)
+            why = self.reader.refusal_of(shape[0] * shape[1])
+        except TooLarge as e:
+            why = self.reader.refusal_of(e.pixels) or f"{type(e).__name__}: {e}"
         except Exception as e:  # unreadable, or no image header: a bad sample, named
             why = f"{type(e).__name__}: {e}"
         if why:

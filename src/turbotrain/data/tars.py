@@ -136,15 +136,6 @@ def _check_plain(path: Path) -> None:
         )
 
 
-def _truncated(path: Path, kept: int, policy: str) -> None:
-    """A shard cut inside a member's header: what followed is gone, and how many samples it held
-    cannot be known (the sample the cut fell in is counted where its members show it)."""
-    message = f"shard {path} ends inside a member's header after {kept} samples (truncated): any later samples are lost"
-    if policy == "error":
-        raise DataError(message + " (data.on_bad_sample=skip keeps the samples before it)")
-    log.warning(message)
-
-
 def index_shard(path: Path, policy: str) -> tuple[list[str], list[int], list[int], list[int], int]:
     """(keys, offsets, sizes, labels, skipped) of one shard's samples, one record per sample: a
     malformed sample is left out alone and named (data.on_bad_sample=skip) or stops the run naming
@@ -153,12 +144,13 @@ def index_shard(path: Path, policy: str) -> tuple[list[str], list[int], list[int
     _check_plain(path)
     records, skipped, shard_size = [], 0, path.stat().st_size
 
-    def bad(where: str, why: str) -> None:
+    def report(message: str, if_error: str, if_skipped: str, lost: int) -> None:
+        """One policy for every kind of loss: stop naming it, or warn and count what it cost."""
         nonlocal skipped
         if policy == "error":
-            raise DataError(f"bad sample {where}: {why} (data.on_bad_sample=skip leaves it out)")
-        log.warning("bad sample %s: %s (skipped)", where, why)
-        skipped += 1
+            raise DataError(f"{message} (data.on_bad_sample=skip {if_error})")
+        log.warning("%s (%s)", message, if_skipped)
+        skipped += lost
 
     try:
         with tarfile.open(path, "r:") as tar:
@@ -166,15 +158,15 @@ def index_shard(path: Path, policy: str) -> tuple[list[str], list[int], list[int
                 try:
                     records.append((key, *_sample(tar, group, shard_size)))
                 except BadSample as e:
-                    bad(f"{path}:{key}", str(e))
+                    report(f"bad sample {path}:{key}: {e}", "leaves it out", "skipped", 1)
             if 0 < shard_size - tar.offset < tarfile.BLOCKSIZE:  # tarfile stops at a header cut short, silently
-                _truncated(path, len(records), policy)
+                # the sample the cut fell in is counted where its members show it; later ones cannot be
+                message = f"shard {path} ends inside a member's header after {len(records)} samples (truncated)"
+                report(message, "keeps the samples before it", "any later samples are lost", 0)
     except (tarfile.TarError, OSError) as e:  # tarfile's "unexpected end of data": cut inside a member
         message = f"shard {path} is damaged after {len(records)} samples: {type(e).__name__}: {e}"
-        if policy == "error":
-            raise DataError(message + " (data.on_bad_sample=skip keeps the samples before the damage)") from e
-        log.warning("%s (counted as one lost sample: how many followed it cannot be known)", message)
-        skipped += 1
+        how_many = "counted as one lost sample: how many followed it cannot be known"
+        report(message, "keeps the samples before the damage", how_many, 1)
     keys, offsets, sizes, labels = (list(column) for column in zip(*records, strict=True)) if records else ([], [], [], [])
     return keys, offsets, sizes, labels, skipped
 
