@@ -34,6 +34,7 @@ BENCHES = {  # CPU sizes: minutes each on 2 cores
     "skip_sync": ("skip_sync", "run", {}),
     "time_to_accuracy": ("time_to_accuracy", "run", {}),  # ~25
     "data_scale": ("data_scale", "run", {}),  # ~40, most of it writing the trees and their copies once
+    "cache_index": ("cache_index", "run", {}),  # ~3
 }
 
 GPU_BENCHES = {  # bench/gpu_check.sh: GPU sizes, fp16 AMP + GradScaler, pinned memory; ~8 minutes in all

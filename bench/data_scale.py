@@ -295,17 +295,8 @@ def figures(result: dict) -> list[dict]:
 
 def section(results: Path) -> str:
     """The README's data-at-scale table, from the rows of the result file."""
-    from bench.readme import machine, rows
+    from bench.readme import result_table
 
-    path = results / "data_scale.json"
-    result = json.loads(path.read_text())
-    lines = [
-        f"Measured on {machine(result['hardware'])} by `python -m bench data_scale` "
-        f"([`bench/results/{path.name}`](bench/results/{path.name})): `train.py {' '.join(COMMON)}` "
-        f'in a fresh process per start, arms interleaved, medians; "before" is commit {result["before"]}.',
-        "",
-        "| comparison | measured |",
-        "|---|---|",
-    ]
-    lines += [f"| {row['what']} | {row['ours']} |" for row in rows(result)]
-    return "\n".join(lines)
+    before = json.loads((results / "data_scale.json").read_text())["before"]
+    how = f'`train.py {" ".join(COMMON)}` in a fresh process per start, arms interleaved, medians; "before" is commit {before}.'
+    return result_table(results, "data_scale", how)

@@ -99,6 +99,7 @@ FIGURES = {
     "text_precision": ("train_speed", "text_figures"),
     "time_to_accuracy": ("time_to_accuracy", "figures"),
     "data_scale": ("data_scale", "figures"),
+    "cache_index": ("cache_index", "figures"),
     "resolution": ("resolution", "figures"),  # and its variants, resolution_* (so for every name)
 }
 
@@ -145,10 +146,31 @@ def data_scale(results: Path) -> str:
     return importlib.import_module("bench.data_scale").section(results)
 
 
+def result_table(results: Path, name: str, how: str) -> str:
+    """One result file's rows as a table, under the line naming its hardware, command and method."""
+    path = results / f"{name}.json"
+    result = json.loads(path.read_text())
+    lines = [
+        f"Measured on {machine(result['hardware'])} by `python -m bench {name}` ([`bench/results/{path.name}`]"
+        f"(bench/results/{path.name})): {how}",
+        "",
+        "| comparison | measured |",
+        "|---|---|",
+    ]
+    return "\n".join(lines + [f"| {row['what']} | {row['ours']} |" for row in rows(result)])
+
+
+def cache_index(results: Path) -> str:
+    before = json.loads((results / "cache_index.json").read_text())["before"]
+    how = f'each open in a fresh process, arms interleaved, medians; "before" is commit {before}\'s JSON index.'
+    return result_table(results, "cache_index", how)
+
+
 SECTIONS: dict[str, Callable[[Path], str]] = {
     "recipes": recipes,
     "time_to_accuracy": time_to_accuracy,
     "data_scale": data_scale,
+    "cache_index": cache_index,
     "comparisons": comparisons,
 }
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import tracemalloc
 
+import numpy as np
 import pytest
 import torch
 from torchvision import tv_tensors
@@ -19,6 +21,7 @@ from turbotrain.data.batched import batch_pipeline
 from turbotrain.data.crops import padded_crops, resize_batched, resized_crops
 from turbotrain.data.decode import RGBReader
 from turbotrain.data.listing import FolderSource
+from turbotrain.data.safe import DataError
 from turbotrain.train.run import train
 
 
@@ -113,6 +116,38 @@ def test_cache_is_built_once_and_rebuilt_when_the_tree_changes(kind, jpeg_tree, 
         cache_mod.open_cache(tmp_path / "c", "t", _source(root / "train"), read, kind, 48)
     assert len(list((tmp_path / "c").iterdir())) == 2
     assert str(index.parent) in caplog.text and "1 earlier one(s)" in caplog.text
+
+
+def test_files_the_cache_leaves_out_are_counted_once_and_error_stops_naming_them(jpeg_tree, tmp_path):
+    """A file that fails to decode in the build never reaches a training batch, so bad_samples
+    cannot see it: the bundle's bad_samples_indexed must (on main it said 0)."""
+    root = _tree(jpeg_tree, tmp_path)
+    (root / "train" / "china" / "zz_bad.jpg").write_bytes(b"not a jpeg at all")
+    (root / "val" / "flower" / "zz_bad.jpg").write_bytes(b"\xff\xd8 cut short")
+    common = ("data=imagenet", f"data.root={root}", "data.image_size=32", f"data.cache_dir={tmp_path}", "data.cache=raw")
+    data = build_data(make_cfg(*common).data)
+    assert data.bad_indexed == 2
+    assert len(data.train) == 96 and len(data.val) == 32  # the fixture's 48 + 16 per class, less nothing else
+    with pytest.raises(DataError, match=r"zz_bad\.jpg.*data\.on_bad_sample=skip"):
+        build_data(make_cfg(*common, "data.on_bad_sample=error").data)
+
+
+def test_an_imagenet_sized_index_opens_without_an_object_per_image(tmp_path):
+    """1.28M records through the index writer: opening allocates the labels' one array and no
+    Python object per image (the JSON lists it replaced took ~200 bytes and 20 s per image set)."""
+    n = 1_281_167
+    records = np.zeros(n, cache_mod.RECORD)
+    records["size"], records["shape"], records["label"] = 12, (3, 2, 2), np.arange(n) % 1000
+    records["offset"] = np.arange(n) * 12
+    cache_mod.save_index(tmp_path, records, "raw", 2, bad=[], seconds=0.0)
+    with open(tmp_path / cache_mod.DATA_FILE, "wb") as f:
+        f.truncate(12 * n)  # sparse: the pixels are never read here
+    tracemalloc.start()
+    cache = cache_mod.CachedImages(tmp_path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 9 * n + 2**20  # int64 labels, once
+    assert len(cache) == n and int(cache.labels[-1]) == (n - 1) % 1000 and cache[n - 1][0].shape == (3, 2, 2)
 
 
 def test_building_a_cache_leaves_the_global_rng_alone(jpeg_tree, tmp_path):

@@ -4,11 +4,13 @@ they were made from: the same samples, labels and bytes; damaged input; DDP; kil
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -105,6 +107,46 @@ def test_a_corrupt_member_is_skipped_and_counted_and_a_damaged_or_missing_shard_
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"error: data.train_shards=train-{{000000..000010}}.tar: missing shard {shards / 'train-000010.tar'}"
     ]
+
+
+def _insert_malformed(shard, kind: str) -> None:
+    """Rewrite `shard` with one malformed sample put in after its second sample (a real shard's
+    members, copied as they were; the new ones as webdataset's writers name them)."""
+    bad = {
+        "no_label": {"bad.jpg": b"\xff\xd8\xff", "bad.json": b'{"x": 1}'},
+        "wordnet_cls": {"bad.jpg": b"\xff\xd8\xff", "bad.cls": b"n01440764"},
+        "no_image": {"bad.cls": b"1"},
+    }[kind]
+    with tarfile.open(shard) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    keys = list(dict.fromkeys(m.name.split(".", 1)[0] for m, _ in members))
+    at = max(i for i, (m, _) in enumerate(members) if m.name.split(".", 1)[0] == keys[1]) + 1
+    extra = []
+    for name, data in bad.items():
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        extra.append((info, data))
+    with tarfile.open(shard, "w") as tar:
+        for info, data in members[:at] + extra + members[at:]:
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_three_malformed_samples_in_three_shards_cost_three_samples_counted_and_train_as_the_clean_set(made, tmp_path):
+    """The issue's done criterion: left out at index time, the malformed samples change nothing
+    else, so the run equals the clean shards' run weight for weight; summary.json counts 3."""
+    shards = tmp_path / "shards"
+    shutil.copytree(made / "shards", shards)
+    for kind, n in (("no_label", 1), ("wordnet_cls", 4), ("no_image", 7)):
+        _insert_malformed(shards / f"train-{n:06d}.tar", kind)
+    clean, dirty = tmp_path / "clean", tmp_path / "dirty"
+    for root, run in ((made / "shards", clean), (shards, dirty)):
+        r = _train(root, run, "trainer.max_epochs=2")
+        assert r.returncode == 0, r.stderr[-2000:]
+    summaries = [json.loads((run / "summary.json").read_text()) for run in (clean, dirty)]
+    assert [(s["bad_samples"], s["bad_samples_indexed"]) for s in summaries] == [(0, 0), (0, 3)]
+    assert summaries[0]["best_val_acc1"] == summaries[1]["best_val_acc1"]
+    weights = [torch.load(run / "checkpoints" / "last.pt")["model"] for run in (clean, dirty)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
 SITE = """

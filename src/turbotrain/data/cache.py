@@ -33,8 +33,11 @@ from tqdm import tqdm
 from turbotrain.core.atomic import atomic_write_dir
 
 log = logging.getLogger("turbotrain")
-VERSION = 3  # bump when the stored format changes (2: images are never enlarged; 3: raw is HWC)
-DATA_FILE, INDEX_FILE = "images.bin", "index.json"
+VERSION = 4  # bump when the stored format changes (2: images are never enlarged; 3: raw is HWC; 4: index.npy)
+DATA_FILE, RECORDS_FILE, INDEX_FILE = "images.bin", "index.npy", "index.json"  # index.json last: the build's summary
+# One fixed-size record per stored image, memory-mapped at open: no Python object per image, so an
+# ImageNet-sized index opens at once and its pages stay shared by every rank and loader worker.
+RECORD = np.dtype([("offset", "<i8"), ("size", "<i8"), ("shape", "<i4", (3,)), ("label", "<i8")])
 
 
 def fingerprint(source, kind: str, size: int) -> str:
@@ -65,7 +68,7 @@ def build(folder: Path, source, read, kind: str, size: int) -> None:
     """Decode, resize and store every image of `source` (data/encoded.py) into `folder` (atomically)."""
 
     def fill(tmp: Path) -> None:
-        t0, offsets, shapes, labels, bad, offset = time.perf_counter(), [], [], [], [], 0
+        t0, records, bad, offset, kept = time.perf_counter(), np.zeros(len(source), RECORD), [], 0, 0
         loader = DataLoader(
             _Decode(source, read, kind, size),
             batch_size=None,
@@ -80,23 +83,27 @@ def build(folder: Path, source, read, kind: str, size: int) -> None:
                     bad.append(f"{source.name(i)} ({error})")
                     continue
                 f.write(data.numpy().tobytes())
-                offsets.append(offset)
-                shapes.append(shape)
-                labels.append(int(source.labels[i]))
-                offset += data.numel()
+                records[kept] = (offset, data.numel(), shape, int(source.labels[i]))  # the image and its label, together
+                offset, kept = offset + data.numel(), kept + 1
         seconds = time.perf_counter() - t0
-        stats = {"images": len(labels), "bad": bad, "seconds": seconds, "bytes": offset}
-        index = {"version": VERSION, "kind": kind, "size": size, "offsets": offsets, "shapes": shapes, "labels": labels, **stats}
-        (tmp / INDEX_FILE).write_text(json.dumps(index))
+        save_index(tmp, records[:kept], kind, size, bad=bad, seconds=seconds)
         if bad:
             log.warning("data.cache: skipped %d file(s) that failed to decode, e.g. %s", len(bad), "; ".join(bad[:3]))
         log.info(
             "data.cache=%s: %d images in %.1f s (%.0f images/s), %.0f bytes per image -> %s",
-            *(kind, len(labels), seconds, len(labels) / max(seconds, 1e-9), offset / max(len(labels), 1), folder),
+            *(kind, kept, seconds, kept / max(seconds, 1e-9), offset / max(kept, 1), folder),
         )
 
     if not atomic_write_dir(folder, fill, replace=False):
         log.info("data.cache: another process finished %s first; this one reads it", folder)
+
+
+def save_index(folder: Path, records: np.ndarray, kind: str, size: int, bad: list[str], seconds: float) -> None:
+    """The cache's index: `records` (RECORD, one per stored image) and the build's summary."""
+    np.save(folder / RECORDS_FILE, records)
+    nbytes = int(records["offset"][-1] + records["size"][-1]) if len(records) else 0
+    summary = {"version": VERSION, "kind": kind, "size": size, "images": len(records), "bad": bad, "seconds": seconds}
+    (folder / INDEX_FILE).write_text(json.dumps({**summary, "bytes": nbytes}))
 
 
 class CachedImages(Dataset):
@@ -106,24 +113,29 @@ class CachedImages(Dataset):
 
     def __init__(self, folder: Path):
         index = json.loads((folder / INDEX_FILE).read_text())
-        self.kind, self.offsets, self.shapes = index["kind"], index["offsets"], [tuple(s) for s in index["shapes"]]
-        self.labels = torch.tensor(index["labels"], dtype=torch.long)
-        self.sizes = np.diff([*self.offsets, index["bytes"]]).tolist()
+        self.kind, self.bad = index["kind"], index["bad"]  # the files that failed to decode in the build, named
+        self.records = np.load(folder / RECORDS_FILE, mmap_mode="r")
+        self.labels = torch.from_numpy(np.ascontiguousarray(self.records["label"]))
         self.data = torch.zeros(0, dtype=torch.uint8)
         if index["bytes"]:
             with warnings.catch_warnings():  # torch warns that the mapping is read-only: it is meant to be
                 warnings.simplefilter("ignore", UserWarning)
                 self.data = torch.from_numpy(np.memmap(folder / DATA_FILE, dtype=np.uint8, mode="r"))
 
+    @property
+    def shapes(self) -> np.ndarray:
+        """(C, H, W) of every stored image, one row each."""
+        return self.records["shape"]
+
     def __len__(self) -> int:
         return len(self.labels)
 
     def _bytes(self, i: int) -> torch.Tensor:
-        start = self.offsets[i]
-        return self.data[start : start + self.sizes[i]]
+        start = int(self.records["offset"][i])
+        return self.data[start : start + int(self.records["size"][i])]
 
     def _pixels(self, i: int) -> torch.Tensor:
-        c, h, w = self.shapes[i]
+        c, h, w = (int(n) for n in self.records["shape"][i])
         return self._bytes(i).view(h, w, c).permute(2, 0, 1)
 
     def load(self, indices: list[int]) -> list[torch.Tensor]:

@@ -25,7 +25,7 @@ from turbotrain.data.bundle import DataBundle
 from turbotrain.data.cache import CachedImages, open_cache
 from turbotrain.data.decode import RGBReader
 from turbotrain.data.device_decode import DeviceDecode, EncodedTrain, PassEncoded, check_gpu_decode
-from turbotrain.data.safe import SafeDataset, collate_skipping_bad
+from turbotrain.data.safe import DataError, SafeDataset, collate_skipping_bad
 from turbotrain.data.vision import ImageBatch, NormalizeCollate
 
 log = logging.getLogger("turbotrain")
@@ -110,17 +110,18 @@ class CachedEval(CacheView):
 
 
 def _cached(cfg, name: str, splits: dict[str, ImageSource], reader: RGBReader, size: int):
-    """(train, val, train_eval) datasets over the decoded cache of each split."""
+    """(train, val, train_eval) datasets over the decoded cache of each split, and how many files
+    the caches left out because they failed to decode (a file is decoded once, so counted once)."""
     resize = int(round(size / 0.875))
     sides = {"train": cfg.cache_size or 2 * size, "val": resize}
     root = Path(os.path.expanduser(cfg.cache_dir)) / "decoded"
     caches = {k: open_cache(root, f"{name}-{k}", src, reader, cfg.cache, sides[k]) for k, src in splits.items()}
+    bad = [b for cache in caches.values() for b in cache.bad]
+    if bad and cfg.on_bad_sample == "error":
+        raise DataError(f"bad sample {bad[0]} in the decoded cache (data.on_bad_sample=skip leaves it out)")
     ops = [build_op(a) for a in cfg.augment]
-    return (
-        CachedTrain(caches["train"], size, ops),
-        CachedEval(caches["val"], size, resize),
-        CachedEval(caches["train"], size, resize),
-    )
+    datasets = (CachedTrain(caches["train"], size, ops), CachedEval(caches["val"], size, resize))
+    return (*datasets, CachedEval(caches["train"], size, resize), len(bad))
 
 
 def image_bundle(cfg, name: str, train: ImageSource, val: ImageSource) -> DataBundle:
@@ -144,9 +145,9 @@ def image_bundle(cfg, name: str, train: ImageSource, val: ImageSource) -> DataBu
     def safe(source: ImageSource, tf) -> SafeDataset:
         return SafeDataset(DecodedImages(source, reader, tf), cfg.on_bad_sample, source.name)
 
-    on_device = None
+    on_device, cache_left_out = None, 0
     if cfg.cache != "none":
-        train_ds, val_ds, train_eval = _cached(cfg, name, {"train": train, "val": val}, reader, size)
+        train_ds, val_ds, train_eval, cache_left_out = _cached(cfg, name, {"train": train, "val": val}, reader, size)
         collate = NormalizeCollate(cfg.mean, cfg.std)
     else:  # train_eval: the training images with eval transforms, the same listing
         train_eval, val_ds = safe(train, val_tf), safe(val, val_tf)
@@ -169,5 +170,5 @@ def image_bundle(cfg, name: str, train: ImageSource, val: ImageSource) -> DataBu
         class_names=list(train.classes),
         class_files=train.class_files,
         train_on_device=on_device,
-        bad_indexed=train.left_out + val.left_out,
+        bad_indexed=train.left_out + val.left_out + cache_left_out,
     )
