@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import io
 import json
+import logging
 import os
 import pty
 import re
@@ -122,6 +123,28 @@ def _train_into(path, tty: bool, *args: str) -> str:
             chunks.append(chunk)
     assert proc.wait(timeout=300) == 0
     return b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.parametrize(
+    ("start_step", "times", "expected"),
+    [
+        (0, {5: 10.0, 12: 24.0}, {5: "ETA 14 s", 12: "ETA 0 s"}),  # 2 s a step, 7 steps left at step 5
+        (4, {5: 3.0, 8: 12.0, 12: 24.0}, {5: "ETA 21 s", 8: "ETA 12 s", 12: "ETA 0 s"}),  # resumed at 4: its own pace
+    ],
+)
+def test_the_eta_is_the_remaining_steps_at_the_pace_so_far(start_step, times, expected, monkeypatch, caplog):
+    from turbotrain.train import tracking
+
+    clock = [0.0]
+    monkeypatch.setattr(tracking.time, "monotonic", lambda: clock[0])
+    lines = tracking.ProgressLines(start_step=start_step, total_steps=12, every_s=0.0)
+    with caplog.at_level(logging.INFO, logger="turbotrain"):
+        for step, seconds in times.items():
+            clock[0] = seconds
+            event = {"step": step, "epoch": 0, "loss": 1.0, "acc1": 0.5, "samples_per_s": 100.0}
+            lines.train_event(event)
+    got = {int(m[1]): m[2] for m in re.finditer(r"step (\d+)/12 .*?, (ETA .*)$", caplog.text, re.M)}
+    assert got == expected
 
 
 def test_off_a_terminal_progress_is_plain_lines_and_on_one_a_bar(tmp_path):

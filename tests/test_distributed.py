@@ -36,16 +36,44 @@ EQUIV = (
 )
 
 
-def test_two_process_ddp_equals_one_process_on_same_global_batch(tmp_path):
-    one, two = tmp_path / "one" / "run", tmp_path / "two" / "run"
-    ema = "trainer.ema_decay=0.5"  # the average follows the weights: equal too
-    r = run_cli("train.py", *EQUIV, ema, "data.batch_size=64", f"hydra.run.dir={one}", cwd=tmp_path)
+EMA = "trainer.ema_decay=0.5"  # the average follows the weights: equal too
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory) -> Path:
+    """The reference: 1 process, 4 steps of 64 samples."""
+    one = tmp_path_factory.mktemp("one") / "run"
+    r = run_cli("train.py", *EQUIV, EMA, "data.batch_size=64", f"hydra.run.dir={one}", cwd=one.parent)
     assert r.returncode == 0, r.stderr[-2000:]
+    return one
+
+
+def _assert_same_weights(a: dict, b: dict) -> None:
+    assert a["state"]["global_step"] == b["state"]["global_step"] == 4
+    for k, v in a["model"].items():
+        torch.testing.assert_close(b["model"][k], v, rtol=1e-4, atol=1e-5, msg=k)
+    assert a["ema"]["updates"] == b["ema"]["updates"] == 4
+    for k, v in a["ema"]["weights"].items():
+        torch.testing.assert_close(b["ema"]["weights"][k], v, rtol=1e-4, atol=1e-5, msg=f"ema {k}")
+
+
+def test_two_process_ddp_with_accumulation_equals_one_process_on_same_global_batch(one_process_run, tmp_path):
+    """2 ranks x 2 micro-batches of 16: DDP must sync on each group's last micro-batch. With
+    grad_accum_steps=1 first and last are one micro-batch, so only this run can tell them apart."""
+    two = tmp_path / "run"
+    args = ("data.batch_size=16", "trainer.grad_accum_steps=2", "trainer.limit_train_batches=8")
+    r = run_cli("train.py", *EQUIV, EMA, *args, "distributed=ddp", "distributed.nproc=2", f"hydra.run.dir={two}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _assert_same_weights(load(one_process_run / "checkpoints" / "last.pt"), load(two / "checkpoints" / "last.pt"))
+
+
+def test_two_process_ddp_equals_one_process_on_same_global_batch(one_process_run, tmp_path):
+    one, two = one_process_run, tmp_path / "two" / "run"
     (tmp_path / "two").mkdir()
     r = run_cli(
         "train.py",
         *EQUIV,
-        ema,
+        EMA,
         "data.batch_size=32",
         "distributed=ddp",
         "distributed.nproc=2",
@@ -54,12 +82,7 @@ def test_two_process_ddp_equals_one_process_on_same_global_batch(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = load(one / "checkpoints" / "last.pt"), load(two / "checkpoints" / "last.pt")
-    assert a["state"]["global_step"] == b["state"]["global_step"] == 4
-    for k, v in a["model"].items():
-        torch.testing.assert_close(b["model"][k], v, rtol=1e-4, atol=1e-5, msg=k)
-    assert a["ema"]["updates"] == b["ema"]["updates"] == 4
-    for k, v in a["ema"]["weights"].items():
-        torch.testing.assert_close(b["ema"]["weights"][k], v, rtol=1e-4, atol=1e-5, msg=f"ema {k}")
+    _assert_same_weights(a, b)
     # Validation is sharded across ranks and summed: the same figures as one process.
     assert b["metrics"]["val_samples"] == a["metrics"]["val_samples"] == 359
     assert abs(b["metrics"]["val_acc1"] - a["metrics"]["val_acc1"]) < 1e-9

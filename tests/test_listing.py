@@ -41,6 +41,38 @@ def test_the_listing_is_imagefolders_samples_in_its_order(tree):
     assert torch.equal(source.encoded(3), torch.frombuffer(bytearray(file), dtype=torch.uint8))
 
 
+def test_classes_are_numbered_in_sorted_name_order_whatever_order_the_filesystem_lists(jpeg_tree, tmp_path, monkeypatch):
+    """Folders made out of order on purpose, and os.scandir made to list them in reverse: labels
+    must still follow sorted names (ImageFolder's), or a checkpoint's class 0 means another class."""
+    photo = next((jpeg_tree / "train" / "china").iterdir())
+    names = ["zebra", "mango", "apple", "Banana", "9", "10"]  # sorted: 10, 9, Banana, apple, mango, zebra
+    for split in ("train", "val"):
+        for name in names:
+            (tmp_path / split / name).mkdir(parents=True)
+            shutil.copy(photo, tmp_path / split / name / "a.jpg")
+    real = os.scandir
+
+    class Reversed:
+        def __init__(self, path):
+            self.entries = sorted(real(path), key=lambda e: e.name, reverse=True)
+
+        def __enter__(self):
+            return iter(self.entries)
+
+        def __exit__(self, *exc):
+            return False
+
+        def __iter__(self):
+            return iter(self.entries)
+
+    monkeypatch.setattr(listing.os, "scandir", Reversed)
+    source = FolderSource(listing.scan(tmp_path / "train"))
+    assert source.classes == ["10", "9", "Banana", "apple", "mango", "zebra"]
+    assert [(Path(source.name(i)).parent.name, int(source.labels[i])) for i in range(len(source))] == [
+        (c, i) for i, c in enumerate(source.classes)
+    ]
+
+
 def _count_file_access(monkeypatch):
     """Directories read (os.scandir) and files stat-ed by path (os.stat, os.path.getsize) from here on."""
     read, stated = [], []

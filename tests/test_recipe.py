@@ -11,6 +11,7 @@ import torch
 import yaml
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from torchvision.transforms import v2
 
 from conftest import TINY, make_cfg
 from test_train import Interrupted, assert_same_run, interrupt_after_save
@@ -121,6 +122,38 @@ def test_cutmix_pastes_one_box_and_weighs_targets_by_its_area():
     one_hot = nn.functional.one_hot(y, 5).float()
     torch.testing.assert_close(target, lam * one_hot + (1 - lam) * one_hot.roll(1, 0))
     torch.testing.assert_close(target.sum(1), torch.ones(6))
+
+
+@pytest.mark.parametrize("alpha", [0.2, 4.0])
+def test_mixup_draws_its_weight_from_beta_alpha_alpha(alpha):
+    """The configured alpha, not torchvision's default: 400 draws against Beta(alpha, alpha)
+    (at 0.2 most weights sit near 0 or 1, at 4.0 near 0.5; alpha=1 would be uniform)."""
+    from scipy import stats
+
+    x, y = _batch()
+    mix = build_mix(make_cfg(f"data.mixup_alpha={alpha}").data, "image", 5)
+    torch.manual_seed(0)
+    lams = [mix(x, y)[1][1, 1].item() for _ in range(400)]  # image 1 (class 1) mixed with image 0 (class 0)
+    assert stats.kstest(lams, stats.beta(alpha, alpha).cdf).pvalue > 1e-3
+    assert stats.kstest(lams, stats.uniform().cdf).pvalue < 1e-3  # what alpha=1 gives: the test can tell
+
+
+@pytest.mark.parametrize("alpha", [0.3, 3.0])
+def test_cutmix_box_area_follows_beta_alpha_alpha(alpha):
+    """CutMix draws lambda ~ Beta(alpha, alpha) and cuts a box of area (1 - lambda) centred anywhere,
+    clipped at the border: the pasted area matches torchvision's reference sampler given alpha."""
+    from scipy import stats
+
+    x, y = torch.rand(2, 3, 64, 64), torch.tensor([0, 1])
+    mix = build_mix(make_cfg(f"data.cutmix_alpha={alpha}").data, "image", 2)
+    reference = v2.CutMix(alpha=alpha, num_classes=2)
+    torch.manual_seed(0)
+    ours = [mix(x, y)[1][1, 0].item() for _ in range(1000)]  # the area pasted from image 0
+    theirs = [reference(x, y)[1][1, 0].item() for _ in range(1000)]
+    other = v2.CutMix(alpha=1.0, num_classes=2)
+    default = [other(x, y)[1][1, 0].item() for _ in range(1000)]
+    assert stats.ks_2samp(ours, theirs).pvalue > 1e-3
+    assert stats.ks_2samp(ours, default).pvalue < 1e-3  # alpha=1.0 is told apart
 
 
 def test_mixing_text_data_is_one_line_naming_the_key():

@@ -254,3 +254,41 @@ def test_which_keys_may_change_on_resume_is_each_schema_fields_own_word():
         "loader.num_workers=1",  # a group that never alters the numbers
     )
     assert [k for k, _, _ in changed_keys(saved, new)] == ["data.batch_size", "optim.kernel", "trainer.label_smoothing"]
+
+
+# Every key whose change alters what a resumed run computes, written out by hand (the reference:
+# a field that loses its numeric=True must fail here, not vanish from a list read off the schemas),
+# with a value other than TINY's for each. optim.kernel is SGD's, precision.cpu_bf16 amp's.
+REFUSED_ON_RESUME = {
+    "trainer.limit_train_batches": 3,
+    "trainer.grad_accum_steps": 2,
+    "trainer.accum_bn": "freeze",
+    "trainer.accum_bn_warmup_steps": 5,
+    "trainer.grad_clip": 1.0,
+    "trainer.seed": 3,
+    "trainer.threads": 1,
+    "trainer.label_smoothing": 0.1,
+    "trainer.ema_decay": 0.9,
+    "trainer.ema_every_n_steps": 2,
+    "trainer.ema_warmup_steps": 4,
+    "optim.kernel": "foreach",
+    "precision.cpu_bf16": False,
+}
+
+
+def test_every_numeric_setting_is_refused_on_resume_and_the_list_is_complete():
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from turbotrain.config.schemas import TrainerConfig, registries
+    from turbotrain.train.resume import changed_keys
+
+    base = (*TINY, "optim=sgd", "precision=amp")
+    saved = OmegaConf.to_yaml(make_cfg(*base))
+    for key, value in REFUSED_ON_RESUME.items():
+        assert [k for k, _, _ in changed_keys(saved, make_cfg(*base, f"{key}={value}"))] == [key], key
+    flagged = {f"trainer.{f.name}" for f in dataclasses.fields(TrainerConfig) if f.metadata.get("numeric")}
+    for group, registry in registries().items():
+        flagged |= {f"{group}.{f.name}" for o in registry for f in dataclasses.fields(o.schema) if f.metadata.get("numeric")}
+    assert flagged == set(REFUSED_ON_RESUME)  # a new numeric field: add it above, with a value to change it to

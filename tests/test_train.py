@@ -288,3 +288,22 @@ def test_validating_every_second_epoch_trains_the_same_weights_and_still_validat
     vals = [json.loads(line) for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()]
     assert [e["epoch"] for e in vals if e["split"] == "val"] == [1, 2]  # the second epoch, and the last
     assert a["metrics"] == b["metrics"] and b["state"]["epoch"] == 3
+
+
+def test_the_best_epoch_not_the_last_is_the_runs_best(tmp_path, monkeypatch):
+    """Validation scripted to 0.9 then 0.5: train(), summary.json and best.pt all keep the 0.9
+    epoch (a run whose last epoch is its best cannot tell best from last)."""
+    from turbotrain.train import session
+
+    real, scripted = session.evaluate, iter([0.9, 0.5])
+
+    def evaluate(model, loader, **kwargs):
+        return {**real(model, loader, **kwargs), "acc1": next(scripted)}
+
+    monkeypatch.setattr(session, "evaluate", evaluate)
+    assert train(make_cfg(*TINY, "trainer.max_epochs=2", "trainer.limit_train_batches=2"), tmp_path) == 0.9
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["best_val_acc1"], summary["val_acc1"]) == (0.9, 0.5)
+    best, last = load(tmp_path / "checkpoints" / "best.pt"), load(tmp_path / "checkpoints" / "last.pt")
+    assert (best["state"]["epoch"], best["metrics"]["val_acc1"]) == (1, 0.9)
+    assert (last["state"]["epoch"], last["metrics"]["val_acc1"]) == (2, 0.5)
