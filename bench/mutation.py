@@ -1,0 +1,128 @@
+"""Mutation testing of the modules that decide a run's numbers and its safety, with mutmut 3
+(`pip install -e .[mutation]`): each mutant (an operator, a constant, a keyword argument changed
+in one place) runs the default suite's tests that execute the mutated function (mutmut records
+which in a first pass), in processes forked from a fork server (torch is not fork-safe once its
+thread pool has run). A mutant is killed when one of those tests fails or runs past 15x its time.
+Subprocess tests (train.py, torchrun) import the mutated tree too: PYTHONPATH puts it first.
+
+`python -m bench mutation [module ...]` (default: every module of MODULES) works in a copy of
+the tree under WORK, named by the commit, so a stopped job continues where it was; it writes
+bench/results/mutation.json: per module the mutants, how many were killed, the survivors with
+their diffs, and the score over the mutants that are not listed in EQUIVALENT."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from bench.common import ROOT, write
+
+WORK = Path(os.path.expanduser("~/.cache/turbotrain/bench/mutation"))
+MODULES = [
+    f"src/turbotrain/{m}.py"
+    for m in (
+        "train/loop",
+        "train/resume",
+        "train/run",
+        "train/optim",
+        "train/sched",
+        "train/ema",
+        "train/summary",
+        "data/loader",
+        "data/listing",
+        "data/tars",
+        "data/arrow",
+        "core/atomic",
+        "core/checkpoint",
+        "deploy/quantize",
+    )
+]
+# mutant name -> why no behaviour a user could see changes (reviewed by hand, from its diff)
+EQUIVALENT: dict[str, str] = {}
+KILLED = ("killed", "timeout", "segfault")  # a test failed, hung or crashed: the change was seen
+
+
+def _work_tree(commit: str) -> Path:
+    """A copy of the tracked tree at `commit` (mutmut writes its mutants/ beside the sources)."""
+    work = WORK / commit
+    if not (work / "pyproject.toml").is_file():
+        work.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+    return work
+
+
+def _configure(work: Path, modules: list[str]) -> None:
+    text = (work / "pyproject.toml").read_text().split("\n[tool.mutmut]")[0]
+    copied = sorted(p.name for p in work.iterdir() if p.name not in ("src", "mutants", "pyproject.toml"))
+    config = [
+        "[tool.mutmut]",
+        'source_paths = ["src"]',
+        f"only_mutate = {modules!r}",
+        'pytest_add_cli_args_test_selection = ["tests/"]',
+        f"also_copy = {copied!r}",
+        'process_isolation = "forkserver"',
+    ]
+    (work / "pyproject.toml").write_text(text.rstrip() + "\n\n" + "\n".join(config).replace("'", '"') + "\n")
+
+
+def _results(work: Path) -> dict[str, str]:
+    out = subprocess.run(["mutmut", "results", "--all", "true"], cwd=work, capture_output=True, text=True, check=True).stdout
+    return dict(re.findall(r"^\s+(\S+): (.+)$", out, re.M))
+
+
+def _module(mutant: str) -> str:
+    return "src/" + re.split(r"\.x[_ǁ]", mutant, maxsplit=1)[0].replace(".", "/") + ".py"
+
+
+def run(*modules: str, children: int = 2) -> Path:
+    modules = list(modules) or MODULES
+    if shutil.which("mutmut") is None:
+        raise SystemExit("bench mutation needs mutmut: pip install -e .[mutation]")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    work = _work_tree(commit)
+    _configure(work, modules)
+    env = {**os.environ, "PYTHONPATH": str(work / "mutants" / "src")}
+    t0 = time.perf_counter()
+    subprocess.run(["mutmut", "run", "--max-children", str(children)], cwd=work, env=env, stdout=subprocess.DEVNULL, check=False)
+    seconds = time.perf_counter() - t0
+    status = _results(work)
+    per_module = {}
+    for module in modules:
+        mine = {m: s for m, s in status.items() if _module(m) == module}
+        survivors = {m: _show(work, m) for m, s in mine.items() if s not in KILLED and m not in EQUIVALENT}
+        per_module[module.removeprefix("src/turbotrain/")] = {"status": dict(Counter(mine.values())), "survivors": survivors}
+    payload = {"commit": commit, "seconds": seconds, "children": children, "modules": per_module, "equivalent": EQUIVALENT}
+    return write("mutation", {**payload, "scores": scores(payload)})
+
+
+def _show(work: Path, mutant: str) -> str:
+    return subprocess.run(["mutmut", "show", mutant], cwd=work, capture_output=True, text=True).stdout
+
+
+def scores(result: dict) -> dict[str, dict]:
+    """Per module: mutants checked, killed, judged equivalent, and killed / (checked - equivalent)."""
+    out = {}
+    for module, m in result["modules"].items():
+        counts = m["status"]
+        checked = sum(n for s, n in counts.items() if s != "not checked")
+        killed = sum(counts.get(s, 0) for s in KILLED)
+        equivalent = sum(1 for name in result["equivalent"] if _module(name) == f"src/turbotrain/{module}")
+        denominator = checked - equivalent
+        out[module] = {
+            "checked": checked,
+            "killed": killed,
+            "equivalent": equivalent,
+            "score": killed / denominator if denominator else None,
+        }
+    return out
+
+
+if __name__ == "__main__":
+    print(run(*sys.argv[1:]))
