@@ -1,6 +1,6 @@
 PY ?= python
 
-.PHONY: setup train export test lint bench
+.PHONY: setup train export test lint bench docs
 
 setup:
 	bash .ci/setup.sh
@@ -20,3 +20,8 @@ lint:
 
 bench:
 	$(PY) -m bench
+
+docs: setup
+	$(PY) -m turbotrain.config.reference
+	$(PY) -m bench readme
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict

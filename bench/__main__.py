@@ -56,21 +56,21 @@ def _readme(check: bool) -> int:
 
     if not check:
         readme.update()
-        print("README.md: generated sections rewritten from bench/results/")
+        print("README.md and docs/: generated sections rewritten from bench/results/")
         return 0
     diff = readme.check()
     if diff:
-        print("README.md differs from what bench/results/ gives; run `python -m bench readme`:", *diff[:60], sep="\n")
+        print("the docs differ from what bench/results/ gives; run `python -m bench readme`:", *diff[:60], sep="\n")
         return 1
-    print("README.md figures match bench/results/")
+    print("README.md and docs/ figures match bench/results/")
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("names", nargs="*", choices=[[], "readme", *BENCHES], help="benchmarks to run (default: all)")
-    parser.add_argument("--gpu", action="store_true", help="GPU sizes, results in bench/results/gpu/ (README untouched)")
-    parser.add_argument("--check", action="store_true", help="with `readme`: fail if README.md differs from the results")
+    parser.add_argument("--gpu", action="store_true", help="GPU sizes, results in bench/results/gpu/ (docs untouched)")
+    parser.add_argument("--check", action="store_true", help="with `readme`: fail if README.md or docs/ differ from the results")
     args = parser.parse_args()
     if args.names == ["readme"]:
         return _readme(args.check)

@@ -1,7 +1,9 @@
-"""The README's figures, generated from bench/results/*.json; nothing in those sections is typed.
+"""The documentation's figures, generated from bench/results/*.json; nothing in those sections is
+typed. README.md holds the headline table; each other table sits in the docs/ page it belongs to
+(PAGES).
 
-`python -m bench readme` rewrites the generated sections (and bench/results/ratios.png);
-`python -m bench readme --check` exits 1 and prints the difference when README.md is not what the
+`python -m bench readme` rewrites the generated sections (and docs/assets/ratios.png);
+`python -m bench readme --check` exits 1 and prints the difference when a page is not what the
 committed result files give. Each section sits between `<!-- bench:NAME:start -->` and
 `<!-- bench:NAME:end -->`.
 """
@@ -16,7 +18,18 @@ from pathlib import Path
 from turbotrain.core.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS, README = ROOT / "bench" / "results", ROOT / "README.md"
+RESULTS, README, ASSETS = ROOT / "bench" / "results", ROOT / "README.md", ROOT / "docs" / "assets"  # ASSETS: generated figures
+# (result file, row): the README's headline rows, one per thing a newcomer asks first
+HEADLINE = (
+    ("time_to_accuracy.json", 0),
+    ("inference.json", 1),
+    ("inference.json", 0),
+    ("inference.json", 2),
+    ("deploy_onnx.json", 1),
+    ("deploy_onnx.json", 3),
+    ("overhead.json", 0),
+    ("overhead.json", 1),
+)
 
 
 def machine(hw: dict) -> str:
@@ -65,8 +78,7 @@ def recipes(results: Path) -> str:
     entries = json.loads(path.read_text())["recipes"]
     machines = sorted({machine(r["hardware"]) for r in entries.values()})
     lines = [
-        f"Measured on {'; '.join(machines)} by `python -m bench recipes` ([`bench/results/{path.name}`]"
-        f"(bench/results/{path.name})):",
+        f"Measured on {'; '.join(machines)} by `python -m bench recipes` (`bench/results/{path.name}`):",
         "",
         "| command | result |",
         "|---|---|",
@@ -131,7 +143,17 @@ def comparisons(results: Path) -> str:
     ]
     for name, hardware, row in _result_rows(results):
         lines.append(f"| {row['what']} | {row['seed']} | {row['ours']} | {machine(hardware)} | `bench/results/{name}` |")
-    return "\n".join([*lines, "", "![ratios](bench/results/ratios.png)"])
+    return "\n".join([*lines, "", "![ratios](assets/ratios.png)"])
+
+
+def headline(results: Path) -> str:
+    """The README's table: the HEADLINE rows, each with its hardware and its file."""
+    lines = ["| what | measured (median of interleaved repeats) | hardware |", "|---|---|---|"]
+    for name, index in HEADLINE:
+        result = json.loads((results / name).read_text())
+        row = rows(result)[index]
+        lines.append(f"| {row['what']} | {row['ours']} | {machine(result['hardware'])}, `bench/results/{name}` |")
+    return "\n".join(lines)
 
 
 def time_to_accuracy(results: Path) -> str:
@@ -151,8 +173,7 @@ def result_table(results: Path, name: str, how: str) -> str:
     path = results / f"{name}.json"
     result = json.loads(path.read_text())
     lines = [
-        f"Measured on {machine(result['hardware'])} by `python -m bench {name}` ([`bench/results/{path.name}`]"
-        f"(bench/results/{path.name})): {how}",
+        f"Measured on {machine(result['hardware'])} by `python -m bench {name}` (`bench/results/{path.name}`): {how}",
         "",
         "| comparison | measured |",
         "|---|---|",
@@ -167,23 +188,31 @@ def cache_index(results: Path) -> str:
 
 
 SECTIONS: dict[str, Callable[[Path], str]] = {
+    "headline": headline,
     "recipes": recipes,
     "time_to_accuracy": time_to_accuracy,
     "data_scale": data_scale,
     "cache_index": cache_index,
     "comparisons": comparisons,
 }
+# page -> the sections it holds
+PAGES = {
+    "README.md": ("headline",),
+    "docs/recipes.md": ("recipes", "time_to_accuracy"),
+    "docs/data.md": ("data_scale", "cache_index"),
+    "docs/benchmarks.md": ("comparisons",),
+}
 
 
-def render(text: str, results: Path) -> str:
-    """`text` with every generated section replaced by what `results` gives."""
-    for name, make in SECTIONS.items():
+def render(text: str, results: Path, names: tuple[str, ...]) -> str:
+    """`text` with each of its generated sections `names` replaced by what `results` gives."""
+    for name in names:
         start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
         head, found, rest = text.partition(start)
         body, found_end, tail = rest.partition(end)
         if not (found and found_end):
-            raise SystemExit(f"README.md: the markers {start} ... {end} are missing; put them where the section goes")
-        text = f"{head}{start}\n{make(results)}\n{end}{tail}"
+            raise SystemExit(f"the markers {start} ... {end} are missing; put them where the section goes")
+        text = f"{head}{start}\n{SECTIONS[name](results)}\n{end}{tail}"
     return text
 
 
@@ -217,16 +246,18 @@ def plot(pairs: list[tuple[str, float]], path: Path) -> None:
     plt.close(fig)
 
 
-def check(readme: Path = README, results: Path = RESULTS) -> list[str]:
-    """The diff lines between README.md and what `results` gives; empty when they agree."""
-    text = readme.read_text()
-    return list(
-        difflib.unified_diff(text.splitlines(), render(text, results).splitlines(), "README.md", "generated", lineterm="")
-    )
+def check(results: Path = RESULTS, root: Path = ROOT) -> list[str]:
+    """The diff lines between the pages and what `results` gives; empty when they agree."""
+    diff = []
+    for page, names in PAGES.items():
+        text = (root / page).read_text()
+        diff += difflib.unified_diff(text.splitlines(), render(text, results, names).splitlines(), page, "generated", lineterm="")
+    return diff
 
 
-def update(readme: Path = README, results: Path = RESULTS) -> None:
-    atomic_write_text(readme, render(readme.read_text(), results))
+def update(results: Path = RESULTS, root: Path = ROOT) -> None:
+    for page, names in PAGES.items():
+        atomic_write_text(root / page, render((root / page).read_text(), results, names))
     pairs = ratios(results)
     if pairs:
-        plot(pairs, results / "ratios.png")
+        plot(pairs, ASSETS / "ratios.png")

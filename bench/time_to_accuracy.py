@@ -2,7 +2,7 @@
 the whole command's wall time), top-1 per seed, and an ablation of the speedrun.
 
 `python -m bench time_to_accuracy` (about 25 minutes on 2 CPU cores) writes
-bench/results/time_to_accuracy.json and time_to_accuracy.png (top-1 against wall seconds). Runs
+bench/results/time_to_accuracy.json and docs/assets/time_to_accuracy.png (top-1 against wall seconds). Runs
 are interleaved by seed: one of each recipe per round, so a slow minute of the machine falls on
 all of them. The README's rows and its time-to-accuracy section are computed from the raw runs.
 """
@@ -14,7 +14,8 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.common import RESULTS, train_py, write
+from bench.common import train_py, write
+from bench.readme import ASSETS
 
 TARGET = 0.915  # the speedrun's target: Fashion-MNIST test top-1
 LONG_TARGET = 0.93  # the longer recipe's, within the default recipe's wall time
@@ -78,7 +79,7 @@ def run() -> Path:
         "rows": [{"what": f"time to >= {TARGET:.1%} top-1 on Fashion-MNIST: speedrun vs the default recipe", "seed": ""}],
     }
     path = write("time_to_accuracy", payload)
-    draw(payload, RESULTS / "time_to_accuracy.png")
+    draw(payload, ASSETS / "time_to_accuracy.png")
     return path
 
 
@@ -117,7 +118,7 @@ def section(results: Path) -> str:
     default = summary(recipes["default"]["runs"])
     lines = [
         f"Measured on {machine(result['hardware'])} by `python -m bench time_to_accuracy` "
-        f"([`bench/results/{path.name}`](bench/results/{path.name})), fresh processes interleaved by seed:",
+        f"(`bench/results/{path.name}`), fresh processes interleaved by seed:",
         "",
         "| command | median wall time (whole command) | top-1 per seed | mean (lowest) | wall vs default |",
         "|---|---|---|---|---|",
@@ -147,7 +148,7 @@ def section(results: Path) -> str:
             f"| {name} | `{entry['override']}` | {s['wall_s']:.1f} s | {_reached(runs, target)} | {s['mean']:.2%} | "
             f"{100 * (s['mean'] - base):+.2f} points |"
         )
-    return "\n".join([*lines, "", "![top-1 against wall time](bench/results/time_to_accuracy.png)"])
+    return "\n".join([*lines, "", "![top-1 against wall time](assets/time_to_accuracy.png)"])
 
 
 def draw(result: dict, path: Path) -> None:

@@ -30,7 +30,7 @@ STRUCTURE_BOUND = (1, 65_536)  # compressed structures record {module name: grou
 
 @dataclass
 class CompressionConfig:
-    name: str = "none"
+    name: str = "none"  # the option (compression=<name>)
     from_run: str | None = setting(None, numeric=False)  # start from this run's best.pt (the initial training phase)
 
 

@@ -19,9 +19,9 @@ from turbotrain.core.schema import POSITIVE, UNIT_OPEN, ConfigError, setting
 
 @dataclass
 class EmbedLowRankConfig(CompressionConfig):
-    targets: str = setting("embedding", choices=("embedding", "linear", "both"))
-    rank: int | None = setting(128, bound=POSITIVE)
-    energy: float | None = setting(
+    targets: str = setting("embedding", choices=("embedding", "linear", "both"))  # which embedding tables to factorize
+    rank: int | None = setting(128, bound=POSITIVE)  # a fixed rank instead of energy
+    energy: float | None = setting(  # keep the smallest rank that holds this share of the singular values' energy
         None, bound=UNIT_OPEN
     )  # alternative: smallest rank keeping this share of squared singular values
 

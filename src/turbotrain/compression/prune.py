@@ -33,7 +33,7 @@ IMPORTANCE = {
 class ChannelPruneConfig(CompressionConfig):
     flops_reduction: float | None = setting(0.4, bound=UNIT_OPEN)  # MACs drop by this fraction
     channel_ratio: float | None = setting(None, bound=UNIT_OPEN)  # alternative target: fraction of channels removed
-    importance: str = setting("l1", choices=tuple(IMPORTANCE))
+    importance: str = setting("l1", choices=tuple(IMPORTANCE))  # how channels are ranked before the least important are removed
     round_to: int = setting(8, bound=NON_NEGATIVE)  # pruned channel counts are multiples of this (0: exact)
     steps: int = setting(1, bound=POSITIVE)  # iterative pruning increments
     finetune_steps: int = setting(0, bound=NON_NEGATIVE)  # optimizer steps of fine-tuning between increments
@@ -41,7 +41,7 @@ class ChannelPruneConfig(CompressionConfig):
 
 @dataclass
 class WeightPruneConfig(CompressionConfig):
-    sparsity: float = setting(0.5, bound=UNIT_OPEN)
+    sparsity: float = setting(0.5, bound=UNIT_OPEN)  # share of each layer's weights set to zero
 
 
 def _classifier(model: nn.Module) -> nn.Module:

@@ -9,6 +9,7 @@ from turbotrain.config.schemas import (
     ExportConfig,
     TrainConfig,
     TrainerConfig,
+    is_numeric,
     register_configs,
     registries,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "exit_on_help",
     "exit_on_unknown_option",
     "help_text",
+    "is_numeric",
     "register_configs",
     "registries",
 ]

@@ -8,6 +8,7 @@ schema fields; `validation.validate` checks them and names the key in one line.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,27 +32,30 @@ TTA_CHOICES = ("none", "flip")  # trainer.tta; train/tta.py holds each one's vie
 @dataclass
 class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    max_epochs: int = setting(3, bound=POSITIVE)
-    max_steps: int | None = setting(None, bound=POSITIVE)
+    max_epochs: int = setting(3, bound=POSITIVE)  # epochs to train (a resume may raise it)
+    max_steps: int | None = setting(None, bound=POSITIVE)  # stop after this many optimizer steps; null: max_epochs decides
+    # train on this many batches per epoch; null: all
     limit_train_batches: int | None = setting(None, bound=POSITIVE, numeric=True)
-    limit_val_batches: int | None = setting(None, bound=POSITIVE)
-    log_every_n_steps: int = setting(50, bound=POSITIVE)
+    limit_val_batches: int | None = setting(None, bound=POSITIVE)  # validate on this many batches; null: all
+    log_every_n_steps: int = setting(50, bound=POSITIVE)  # optimizer steps between two train events in metrics.jsonl
     val_every_n_epochs: int = setting(1, bound=POSITIVE)  # and always at the run's end
-    checkpoint_every_n_steps: int | None = setting(None, bound=POSITIVE)
+    checkpoint_every_n_steps: int | None = setting(None, bound=POSITIVE)  # also write last.pt every this many optimizer steps
     # last.pt at the first step after this many minutes since the last save (a kill -9, a lost node
     # or an OOM then loses at most that much); ranks agree on the step
     checkpoint_every_minutes: float | None = setting(None, bound=POSITIVE)
-    grad_accum_steps: int = setting(1, bound=POSITIVE, numeric=True)
+    grad_accum_steps: int = setting(1, bound=POSITIVE, numeric=True)  # micro-batches per optimizer step (DDP syncs on the last)
+    # with grad_accum_steps > 1: freeze BatchNorm's statistics after accum_bn_warmup_steps
     accum_bn: str = setting("none", choices=("none", "freeze"), numeric=True)
+    # optimizer steps before accum_bn=freeze takes effect
     accum_bn_warmup_steps: int = setting(100, bound=NON_NEGATIVE, numeric=True)
-    grad_clip: float | None = setting(None, bound=POSITIVE, numeric=True)
-    seed: int = setting(0, bound=NON_NEGATIVE, numeric=True)
-    compile: bool = False
-    channels_last: bool = True
+    grad_clip: float | None = setting(None, bound=POSITIVE, numeric=True)  # clip the gradients' total norm to this; null: off
+    seed: int = setting(0, bound=NON_NEGATIVE, numeric=True)  # seeds Python, NumPy and torch, the data order and the augmentation
+    compile: bool = False  # torch.compile the model (pays on long runs; its first steps compile)
+    channels_last: bool = True  # images in channels-last memory format (faster convolutions on most CPUs and GPUs)
     resume: str | None = None  # path | auto
     resume_strict: bool = True  # refuse to resume with a config that trains differently (max_epochs/max_steps may grow)
     progress_bar: bool = True  # a bar on a terminal; where stdout is not one, a plain line every progress_every_s
-    progress_every_s: float = setting(30.0, bound=NON_NEGATIVE)
+    progress_every_s: float = setting(30.0, bound=NON_NEGATIVE)  # seconds between two plain progress lines off a terminal
     # a scheduler's warning before the time limit (sbatch --signal=USR2@120; submitit: USR2): stop
     # as on SIGTERM, write last.pt, and have the job requeued; its rerun continues the run
     requeue_signals: list[str] = setting(factory=lambda: ["SIGUSR1", "SIGUSR2"], choices=REQUEUE_SIGNALS)
@@ -101,6 +105,18 @@ class ExportConfig:
     outputs_dir: str = "outputs"
     checkpoint: str = "best"  # best | last
     device: str = "cpu"
+
+
+# Option groups whose keys alter what a resumed run computes, unless a key's schema field says
+# `numeric=False` (where the data lives, a kernel that gives the same numbers); the trainer's keys
+# alter nothing unless theirs says `numeric=True`; the other groups (logger, loader, ...) nothing.
+NUMERIC_GROUPS = ("model", "data", "optim", "sched", "precision", "compression", "attention")
+
+
+def is_numeric(group: str, field: dataclasses.Field) -> bool:
+    """Whether changing this field of `group` alters what a resumed run computes (so a resume refuses it)."""
+    flag = field.metadata.get("numeric")
+    return flag if flag is not None else group in NUMERIC_GROUPS
 
 
 def registries() -> dict:

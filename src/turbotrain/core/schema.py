@@ -43,7 +43,7 @@ def _inside(value: float, bound: tuple) -> bool:
     return above and (high is None or (value <= high if high_in else value < high))
 
 
-def _describe(bound: tuple) -> str:
+def describe(bound: tuple) -> str:
     low, high, low_in, high_in = bound
     if high is None:
         return f"must be {'>=' if low_in else '>'} {low}"
@@ -67,4 +67,4 @@ def check_value(key: str, value: Any, f: dataclasses.Field) -> None:
     if choices is not None and not all(v in choices for v in values):
         raise ConfigError(f"{key}={value!r} is not supported; allowed: {', '.join(choices)}")
     if bound is not None and value is not None and not all(v is not None and _inside(v, bound) for v in values):
-        raise ConfigError(f"{key}={value!r} {_describe(bound)}")
+        raise ConfigError(f"{key}={value!r} {describe(bound)}")

@@ -26,11 +26,12 @@ log = logging.getLogger("turbotrain")
 
 @dataclass
 class HFImagesConfig(EncodedImagesConfig):
+    # how data.root is stored: a save_to_disk folder, Parquet files or an imagefolder tree
     format: str = setting("disk", choices=("disk", "parquet", "imagefolder"), numeric=False)
-    train_split: str = "train"
-    val_split: str = "validation"
-    image_column: str = "image"
-    label_column: str = "label"
+    train_split: str = "train"  # the split to train on
+    val_split: str = "validation"  # the split to validate on
+    image_column: str = "image"  # the column holding the images
+    label_column: str = "label"  # the column holding the class labels (a ClassLabel or integers)
 
 
 class ArrowSource(ImageSource):

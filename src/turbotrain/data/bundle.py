@@ -17,18 +17,19 @@ DATA = Registry("data")
 
 @dataclass
 class DataCommon:
-    name: str = "fashion_mnist"
+    name: str = "fashion_mnist"  # the option (data=<name>)
     root: str | None = setting(None, numeric=False)  # where the data lives, not what it is
+    # where downloads, listings, shard indexes and decoded caches go
     cache_dir: str = setting("~/.cache/turbotrain", numeric=False)
-    download: bool = setting(True, numeric=False)
-    batch_size: int = setting(128, bound=POSITIVE)
+    download: bool = setting(True, numeric=False)  # fetch the dataset when it is not under data.root
+    batch_size: int = setting(128, bound=POSITIVE)  # samples per training batch, per process under DDP
     eval_batch_size: int | None = setting(None, bound=POSITIVE, numeric=False)  # None: twice batch_size
     on_bad_sample: str = setting("skip", choices=("skip", "error"))  # skip: count + warn, naming files
     bucket_by_length: bool = False  # text: batches of similar-length texts (less padding); order still seeded
     # images: whole training batches mixed on the device after augmentation (soft targets); 0 = off,
     # both > 0: each batch takes one of the two at random
     mixup_alpha: float = setting(0.0, bound=NON_NEGATIVE)
-    cutmix_alpha: float = setting(0.0, bound=NON_NEGATIVE)
+    cutmix_alpha: float = setting(0.0, bound=NON_NEGATIVE)  # CutMix's Beta(alpha, alpha) for whole training batches; 0: off
 
 
 @dataclass

@@ -130,13 +130,13 @@ def epoch_seed_cell() -> torch.Tensor:
 
 @dataclass
 class LoaderConfig:
-    name: str = "default"
-    num_workers: int = setting(0, bound=NON_NEGATIVE)
+    name: str = "default"  # the option (loader=<name>)
+    num_workers: int = setting(0, bound=NON_NEGATIVE)  # DataLoader worker processes; 0: load in the training process
     auto_workers: bool = False  # time training steps with each of auto_candidates at start, keep the fastest
-    auto_candidates: list[int] = setting(bound=NON_NEGATIVE, factory=lambda: [0, 1, 2, 4])
+    auto_candidates: list[int] = setting(bound=NON_NEGATIVE, factory=lambda: [0, 1, 2, 4])  # worker counts trainer.autotune tries
     pin_memory: bool | None = None  # None: when training on CUDA
-    persistent_workers: bool = True
-    prefetch_factor: int | None = setting(None, bound=POSITIVE)
+    persistent_workers: bool = True  # keep workers alive between epochs
+    prefetch_factor: int | None = setting(None, bound=POSITIVE)  # batches each worker loads ahead
     batched: bool = True  # a batch is one index into datasets that can (in-memory images); false: per sample
 
 

@@ -44,7 +44,7 @@ OPEN_FILES = 128  # shards a process keeps open at once
 class ShardsConfig(EncodedImagesConfig):
     # relative to data.root (or absolute); {a..b} ranges and * globs
     train_shards: str = "train-*.tar"
-    val_shards: str = "val-*.tar"
+    val_shards: str = "val-*.tar"  # validation shards: a brace pattern or glob under data.root
 
 
 def shard_paths(cfg, root: Path, key: str) -> list[Path]:

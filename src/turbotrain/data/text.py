@@ -38,16 +38,16 @@ class TextFilesConfig(TextDataConfig):
     max_length: int = setting(128, bound=POSITIVE)
     train_path: str | None = None  # required
     val_path: str | None = None  # required
-    text_column: str = "text"
-    label_column: str = "label"
+    text_column: str = "text"  # the column holding the text
+    label_column: str = "label"  # the column holding the labels
 
 
 @dataclass
 class HubDataConfig(TextDataConfig):
     max_length: int = setting(128, bound=POSITIVE)
     hub_name: str = "ag_news"  # e.g. data.hub_name=ag_news
-    text_column: str = "text"
-    label_column: str = "label"
+    text_column: str = "text"  # the column holding the text
+    label_column: str = "label"  # the column holding the labels
 
 
 WORDNET = Path("/usr/share/wordnet/data.noun")

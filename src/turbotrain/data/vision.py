@@ -43,9 +43,10 @@ class DataConfig(DataCommon):
     progressive_from: float = 0.5  # then a linear ramp,
     progressive_until: float = 0.8  # reaching full size at this fraction of training
     max_image_pixels: int | None = setting(89_478_485, bound=POSITIVE)  # PIL's limit: larger files are bad samples
+    # training augmentation: torchvision transforms v2 by class name, with their arguments
     augment: list[Any] = setting(factory=lambda: [{"name": "RandomHorizontalFlip", "p": 0.5}])
-    mean: list[float] = setting(factory=lambda: [0.2860])
-    std: list[float] = setting(bound=POSITIVE, factory=lambda: [0.3530])
+    mean: list[float] = setting(factory=lambda: [0.2860])  # per-channel normalization mean
+    std: list[float] = setting(bound=POSITIVE, factory=lambda: [0.3530])  # per-channel normalization standard deviation
 
 
 @dataclass
@@ -55,7 +56,7 @@ class DigitsConfig(DataConfig):
     augment: list[Any] = setting(factory=list)
     mean: list[float] = setting(factory=lambda: [0.3])
     std: list[float] = setting(bound=POSITIVE, factory=lambda: [0.38])
-    val_fraction: float = setting(0.2, bound=UNIT_OPEN)
+    val_fraction: float = setting(0.2, bound=UNIT_OPEN)  # share of the 1,797 digits held out for validation
 
 
 @dataclass
@@ -63,9 +64,9 @@ class SyntheticConfig(DigitsConfig):
     image_size: int | None = setting(32, bound=POSITIVE)
     mean: list[float] = setting(factory=lambda: [0.5])
     std: list[float] = setting(bound=POSITIVE, factory=lambda: [0.29])
-    num_samples: int = setting(1024, bound=POSITIVE)
-    num_classes: int = setting(10, bound=(2, None, True, False))
-    channels: int = setting(3, bound=POSITIVE)
+    num_samples: int = setting(1024, bound=POSITIVE)  # training samples
+    num_classes: int = setting(10, bound=(2, None, True, False))  # number of classes
+    channels: int = setting(3, bound=POSITIVE)  # image channels
 
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")

@@ -70,10 +70,10 @@ DEPLOY = Registry("deploy")
 
 @dataclass
 class DeployConfig:
-    name: str = "int8"
+    name: str = "int8"  # the option (deploy=<name>)
     calibration_batches: int = setting(0, bound=NON_NEGATIVE)  # batches of training images for static INT8
     val_batches: int | None = setting(None, bound=POSITIVE)  # None: the whole validation split
-    latency_repeats: int = setting(30, bound=POSITIVE)
+    latency_repeats: int = setting(30, bound=POSITIVE)  # timed calls per latency figure in report.json
     threads: int | None = setting(None, bound=POSITIVE)  # None: torch's default
 
 

@@ -23,8 +23,8 @@ def _model_fits_kind(arch: dict) -> None:
 
 @dataclass
 class ModelConfig:
-    name: str = "small_cnn"
-    pretrained: bool = False
+    name: str = "small_cnn"  # the architecture (model=<name>, or model.name=<any torchvision classifier>)
+    pretrained: bool = False  # start from the pretrained weights (needs them cached or a network)
     dropout: float | None = setting(None, bound=UNIT_HALF_OPEN)  # None: the architecture's default
 
 

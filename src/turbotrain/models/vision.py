@@ -15,7 +15,7 @@ from turbotrain.models.catalog import MODELS, ModelConfig, Shape
 
 @dataclass
 class SmallCNNConfig(ModelConfig):
-    width: int = setting(32, bound=POSITIVE)
+    width: int = setting(32, bound=POSITIVE)  # channels of the first convolution (the others are multiples)
     dropout: float | None = setting(0.1, bound=UNIT_HALF_OPEN)
 
 

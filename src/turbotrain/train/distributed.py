@@ -61,7 +61,7 @@ DISTRIBUTED = Registry("distributed")
 
 @dataclass
 class DistributedConfig:
-    name: str = "none"
+    name: str = "none"  # the option (distributed=<name>)
     nproc: int = setting(1, bound=POSITIVE)  # workers this process launches (ignored under torchrun)
 
 
@@ -70,7 +70,7 @@ class DDPConfig(DistributedConfig):
     nproc: int = setting(2, bound=POSITIVE)
     backend: str = setting("auto", choices=("auto", "nccl", "gloo"))  # auto: nccl on CUDA, gloo on CPU
     timeout_s: int = setting(1800, bound=POSITIVE)  # a collective waiting longer than this fails the run
-    sync_bn: bool = False
+    sync_bn: bool = False  # SyncBatchNorm across ranks (CUDA)
     max_restarts: int = setting(0, bound=NON_NEGATIVE)  # restarted workers resume from last.pt
 
 

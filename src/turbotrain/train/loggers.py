@@ -16,11 +16,11 @@ LOGGERS = Registry("logger")
 class LoggerConfig:
     """One schema for every logger option: the others ignore the wandb keys."""
 
-    name: str = "none"
-    project: str = "turbotrain"
+    name: str = "none"  # the option (logger=<name>)
+    project: str = "turbotrain"  # wandb project
     mode: str = setting("offline", choices=("offline", "online", "disabled"))  # offline: `wandb sync` later
-    entity: str | None = None
-    tags: list[str] = setting(factory=list)
+    entity: str | None = None  # wandb entity (team or user)
+    tags: list[str] = setting(factory=list)  # wandb tags
 
 
 def _scalars(event: dict) -> dict:

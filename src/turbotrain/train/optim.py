@@ -25,21 +25,21 @@ log = logging.getLogger("turbotrain")
 
 @dataclass
 class OptimConfig:
-    name: str = "sgd"
-    lr: float = setting(0.1, bound=POSITIVE)
-    weight_decay: float = setting(0.0, bound=NON_NEGATIVE)
+    name: str = "sgd"  # the option (optim=<name>)
+    lr: float = setting(0.1, bound=POSITIVE)  # peak learning rate (the schedule scales it)
+    weight_decay: float = setting(0.0, bound=NON_NEGATIVE)  # L2 penalty (decoupled for adamw)
     # the weights of normalization layers, and every bias (a norm layer's bias is a bias);
     # None: weight_decay. 0 by default: decaying them shrinks what the weight decay of the
     # next layer already regularizes, and torchvision's recipes turn it off too
     norm_weight_decay: float | None = setting(0.0, bound=NON_NEGATIVE)
-    bias_weight_decay: float | None = setting(0.0, bound=NON_NEGATIVE)
+    bias_weight_decay: float | None = setting(0.0, bound=NON_NEGATIVE)  # weight decay of every bias; null: weight_decay
 
 
 @dataclass
 class SGDConfig(OptimConfig):
     weight_decay: float = setting(5e-4, bound=NON_NEGATIVE)
-    momentum: float = setting(0.9, bound=UNIT_HALF_OPEN)
-    nesterov: bool = True
+    momentum: float = setting(0.9, bound=UNIT_HALF_OPEN)  # momentum factor
+    nesterov: bool = True  # Nesterov momentum
     # fused: one kernel per step, which takes the skip flag on the device (no host sync);
     # foreach: torch's default. auto: fused on CUDA; on a CPU the faster of the two, timed at
     # start. On AVX2 and AVX-512 the two round a vector's tail differently (the last bit of some
@@ -50,8 +50,9 @@ class SGDConfig(OptimConfig):
 @dataclass
 class AdamConfig(OptimConfig):
     lr: float = setting(1e-3, bound=POSITIVE)
+    # decay rates of the first and second moment estimates
     betas: list[float] = setting(bound=UNIT_HALF_OPEN, factory=lambda: [0.9, 0.999])
-    eps: float = setting(1e-8, bound=POSITIVE)
+    eps: float = setting(1e-8, bound=POSITIVE)  # added to the denominator for stability
 
 
 @dataclass
@@ -62,15 +63,15 @@ class AdamWConfig(AdamConfig):
 @dataclass
 class RMSpropConfig(OptimConfig):
     lr: float = setting(1e-3, bound=POSITIVE)
-    alpha: float = setting(0.99, bound=UNIT_HALF_OPEN)
-    momentum: float = setting(0.9, bound=UNIT_HALF_OPEN)
-    eps: float = setting(1e-8, bound=POSITIVE)
+    alpha: float = setting(0.99, bound=UNIT_HALF_OPEN)  # smoothing constant of the squared-gradient average
+    momentum: float = setting(0.9, bound=UNIT_HALF_OPEN)  # momentum factor
+    eps: float = setting(1e-8, bound=POSITIVE)  # added to the denominator for stability
 
 
 @dataclass
 class AdagradConfig(OptimConfig):
     lr: float = setting(1e-2, bound=POSITIVE)
-    eps: float = setting(1e-10, bound=POSITIVE)
+    eps: float = setting(1e-10, bound=POSITIVE)  # added to the denominator for stability
 
 
 NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm, nn.RMSNorm)

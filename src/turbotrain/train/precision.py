@@ -62,7 +62,7 @@ PRECISIONS = Registry("precision")
 
 @dataclass
 class PrecisionConfig:
-    name: str = "fp32"
+    name: str = "fp32"  # the option (precision=<name>)
     tf32: bool = False  # CUDA: TF32 matmuls and convolutions for the fp32 parts
 
 
@@ -74,7 +74,7 @@ class Bf16Config(PrecisionConfig):
 @dataclass
 class ScaledConfig(PrecisionConfig):
     init_scale: float = setting(65536.0, bound=POSITIVE)  # GradScaler (fp16 autocast)
-    growth_interval: int = setting(2000, bound=POSITIVE)
+    growth_interval: int = setting(2000, bound=POSITIVE)  # GradScaler: steps without an overflow before the scale grows
 
 
 @dataclass

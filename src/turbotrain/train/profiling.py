@@ -28,7 +28,7 @@ PROFILERS = Registry("profiler")
 
 @dataclass
 class ProfilerConfig:
-    name: str = "none"
+    name: str = "none"  # the option (profiler=<name>)
 
 
 @dataclass
@@ -36,8 +36,8 @@ class TorchProfilerConfig(ProfilerConfig):
     wait: int = setting(5, bound=NON_NEGATIVE)  # optimizer steps skipped,
     warmup: int = setting(2, bound=NON_NEGATIVE)  # then warmed up,
     active: int = setting(5, bound=POSITIVE)  # then traced, once
-    record_shapes: bool = False
-    profile_memory: bool = True
+    record_shapes: bool = False  # record each op's input shapes
+    profile_memory: bool = True  # record tensor allocations
 
 
 @contextlib.contextmanager

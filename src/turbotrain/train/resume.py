@@ -12,18 +12,13 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from turbotrain.config import TrainerConfig, registries
+from turbotrain.config import TrainerConfig, is_numeric, registries
 from turbotrain.core.schema import ConfigError
 from turbotrain.train.autotune import apply_choice, choice_from_checkpoint
 from turbotrain.train.numerics import keep_saved
 from turbotrain.train.requeue import requeued
 
 log = logging.getLogger("turbotrain")
-
-# Option groups whose keys alter what a resumed run computes, unless a key's schema field says
-# `numeric=False` (where the data lives, a kernel that gives the same numbers); the trainer's keys
-# alter nothing unless theirs says `numeric=True`; the other groups (logger, loader, ...) nothing.
-NUMERIC_GROUPS = ("model", "data", "optim", "sched", "precision", "compression", "attention")
 
 
 def restarts() -> int:
@@ -125,8 +120,7 @@ def _numeric(key: str, cfg) -> bool:
     field = {f.name: f for f in dataclasses.fields(schema)}.get(rest.split(".")[0])
     if field is None:
         return False
-    flag = field.metadata.get("numeric")
-    return flag if flag is not None else group in NUMERIC_GROUPS
+    return is_numeric(group, field)
 
 
 def changed_keys(saved_yaml: str, cfg) -> list[tuple[str, object, object]]:

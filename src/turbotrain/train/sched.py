@@ -17,24 +17,24 @@ SCHEDULES = Registry("sched")
 
 @dataclass
 class SchedConfig:
-    name: str = "none"
+    name: str = "none"  # the option (sched=<name>)
 
 
 @dataclass
 class CosineConfig(SchedConfig):
-    warmup_steps: int = setting(100, bound=NON_NEGATIVE)
-    min_lr_ratio: float = setting(0.0, bound=UNIT_CLOSED)
+    warmup_steps: int = setting(100, bound=NON_NEGATIVE)  # linear warm-up steps from zero
+    min_lr_ratio: float = setting(0.0, bound=UNIT_CLOSED)  # the final learning rate as a share of optim.lr
 
 
 @dataclass
 class StepConfig(SchedConfig):
     step_epochs: int = setting(1, bound=POSITIVE)  # decay every N epochs
-    gamma: float = setting(0.1, bound=POSITIVE)
+    gamma: float = setting(0.1, bound=POSITIVE)  # multiply the learning rate by this every step_size epochs
 
 
 @dataclass
 class OneCycleConfig(SchedConfig):
-    pct_start: float = setting(0.3, bound=UNIT_OPEN)
+    pct_start: float = setting(0.3, bound=UNIT_OPEN)  # share of the steps spent rising to the peak
     anneal_strategy: str = setting("cos", choices=("cos", "linear"))  # linear: a triangle (short runs)
 
 

@@ -88,7 +88,7 @@ ATTENTION = Registry("attention")
 
 @dataclass
 class AttentionConfig:
-    name: str = "full"
+    name: str = "full"  # the option (attention=<name>)
     checkpointing: bool = False  # gradient checkpointing of encoder layers
     dropout: float | None = setting(None, bound=UNIT_HALF_OPEN)  # None: the model's (0 lets SDPA use its fused kernel)
 
