@@ -46,6 +46,7 @@ MODULES = [
 # mutant name -> why no behaviour a user could see changes (reviewed by hand, from its diff)
 EQUIVALENT: dict[str, str] = {}
 KILLED = ("killed", "timeout", "segfault")  # a test failed, hung or crashed: the change was seen
+LIVED = ("survived", "no tests", "suspicious")  # no test saw it (no tests: none ran the function)
 # tests of the source text itself (sizes, imports), which mutmut's rewritten functions fail anyway
 STRUCTURE_TESTS = (
     "tests/test_readme.py::test_package_declares_every_dependency_it_imports",
@@ -97,12 +98,18 @@ def run(*modules: str, children: int = 2) -> Path:
     env = {**os.environ, "PYTHONPATH": str(work / "mutants" / "src")}
     t0 = time.perf_counter()
     subprocess.run(["mutmut", "run", "--max-children", str(children)], cwd=work, env=env, stdout=subprocess.DEVNULL, check=False)
-    seconds = time.perf_counter() - t0
-    status = _results(work)
+    return collect(modules, seconds=time.perf_counter() - t0, children=children)
+
+
+def collect(modules: list[str], seconds: float | None = None, children: int = 2) -> Path:
+    """mutation.json from the newest work tree's results so far (a stopped run's too: its unchecked
+    mutants are counted apart), whichever commit it was made from."""
+    commit = max((p for p in WORK.iterdir() if (p / "mutants").is_dir()), key=lambda p: p.stat().st_mtime).name
+    status = _results(WORK / commit)
     per_module = {}
     for module in modules:
         mine = {m: s for m, s in status.items() if _module(m) == module}
-        survivors = {m: _show(work, m) for m, s in mine.items() if s not in KILLED and m not in EQUIVALENT}
+        survivors = {m: _show(WORK / commit, m) for m, s in mine.items() if s in LIVED and m not in EQUIVALENT}
         per_module[module.removeprefix("src/turbotrain/")] = {"status": dict(Counter(mine.values())), "survivors": survivors}
     payload = {"commit": commit, "seconds": seconds, "children": children, "modules": per_module, "equivalent": EQUIVALENT}
     return write("mutation", {**payload, "scores": scores(payload)})
@@ -117,7 +124,7 @@ def scores(result: dict) -> dict[str, dict]:
     out = {}
     for module, m in result["modules"].items():
         counts = m["status"]
-        checked = sum(n for s, n in counts.items() if s != "not checked")
+        checked = sum(n for s, n in counts.items() if s in KILLED + LIVED)
         killed = sum(counts.get(s, 0) for s in KILLED)
         equivalent = sum(1 for name in result["equivalent"] if _module(name) == f"src/turbotrain/{module}")
         denominator = checked - equivalent
@@ -130,5 +137,6 @@ def scores(result: dict) -> dict[str, dict]:
     return out
 
 
-if __name__ == "__main__":
-    print(run(*sys.argv[1:]))
+if __name__ == "__main__":  # python -m bench.mutation [--collect] [module ...]
+    args = [a for a in sys.argv[1:] if a != "--collect"]
+    print(collect(args or MODULES) if "--collect" in sys.argv else run(*args))
