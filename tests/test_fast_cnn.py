@@ -74,3 +74,19 @@ def test_a_fast_cnn_run_exports_to_int8(tmp_path):
     report = json.loads((run / "export" / "int8" / "report.json").read_text())
     assert report["dtype"].startswith("int8 (static") and report["argmax_agreement"] >= 0.9
     assert report["fp32_val_acc1"] - report["val_acc1"] <= 0.03
+
+
+def test_dirac_init_passes_each_blocks_input_through_its_first_channels():
+    from turbotrain.models.fast_cnn import FastCNN
+
+    torch.manual_seed(0)
+    model = FastCNN(10, 1, [16, 32, 48], stem_patch=2, whiten=False, dirac=True)
+    convs = [m for m in model if isinstance(m, torch.nn.Conv2d)][1:]  # the blocks' (the stem is the whitening layer's)
+    assert [c.in_channels for c in convs] == [8, 16, 32]
+    for conv in convs:
+        x = torch.randn(2, conv.in_channels, 6, 6)
+        out = conv(x)
+        assert torch.equal(out[:, : conv.in_channels], x)  # identity on the first in_channels outputs
+        assert out[:, conv.in_channels :].abs().sum() > 0  # the rest as torch draws them
+    plain = FastCNN(10, 1, [16, 32, 48], stem_patch=2, whiten=False)
+    assert not torch.equal(plain[2].weight[:8], model[2].weight[:8])

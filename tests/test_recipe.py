@@ -161,6 +161,41 @@ def test_mixing_text_data_is_one_line_naming_the_key():
         build_mix(make_cfg("data=wordnet", "model=bert_tiny", "data.cutmix_alpha=1.0").data, "text", 6)
 
 
+def test_flip_shift_tta_is_the_mean_of_six_views_softmax():
+    """The image and its mirror, each as it is and moved one pixel up-left and down-right (border
+    reflected), scored by the mean softmax: written out by hand with F.pad and slicing."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)).eval()
+    x, y = torch.randn(10, 3, 8, 8), torch.randint(0, 3, (10,))
+    got = evaluate(model, DataLoader(TensorDataset(x, y), batch_size=4), device=CPU, precision=FP32_CPU, tta="flip_shift")
+    padded = [nn.functional.pad(v, (1, 1, 1, 1), mode="reflect") for v in (x, x.flip(-1))]
+    views = [x, x.flip(-1), *(p[..., 2:10, 2:10] for p in padded), *(p[..., 0:8, 0:8] for p in padded)]
+    assert torch.equal(padded[0][..., 2:10, 2:10][..., :-1, :-1], x[..., 1:, 1:])  # moved up-left by one pixel
+    with torch.no_grad():
+        p = torch.stack([model(v).softmax(1) for v in views]).mean(0)
+    assert got["loss"] == pytest.approx(-p[torch.arange(10), y].log().mean().item(), rel=1e-5)
+    assert got["acc1"] == pytest.approx((p.argmax(1) == y).float().mean().item())
+
+
+@pytest.mark.parametrize("sched", ["cosine", "onecycle", "cyclic", "step", "exponential"])
+def test_norm_layers_learn_at_their_multiple_of_the_rate_under_every_schedule(sched):
+    """optim.norm_lr_scale=64: BatchNorm's weights and biases at 64x the rate of the rest, step
+    after step, whatever the schedule does to the rate."""
+    from turbotrain.train.sched import build_scheduler
+
+    cfg = make_cfg("model=fast_cnn", f"sched={sched}", "optim.norm_lr_scale=64", "optim.lr=0.01")
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 2))
+    opt = build_optimizer(model, cfg.optim)
+    norm = {id(p) for p in model[1].parameters()}
+    scheduler = build_scheduler(opt, cfg.sched, cfg.optim, total_steps=40, steps_per_epoch=10)
+    for _ in range(25):
+        rates = {("norm" if id(p) in norm else "rest"): g["lr"] for g in opt.param_groups for p in g["params"]}
+        assert rates["norm"] == pytest.approx(64 * rates["rest"], rel=1e-9)
+        opt.step()
+        scheduler.step()
+    assert rates["rest"] != pytest.approx(0.01)  # the schedule did move the rate
+
+
 def test_flip_tta_is_the_mean_of_the_two_views_softmax():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)).eval()

@@ -26,7 +26,7 @@ KNOBS = ("channels_last", "compile", "num_workers", "attention")  # trainer.auto
 # settings that change the model's function: tuned only when trainer.autotune_knobs lists them.
 # attention_kernel: an attention option with the `approximates` trait (sliding_window) or the one it approximates (full)
 NUMERICS_KNOBS = ("attention_kernel",)
-TTA_CHOICES = ("none", "flip")  # trainer.tta; train/tta.py holds each one's views
+TTA_CHOICES = ("none", "flip", "flip_shift")  # trainer.tta; train/tta.py holds each one's views
 
 
 @dataclass
@@ -73,7 +73,9 @@ class TrainerConfig:
     autotune_steps: int = setting(8, bound=POSITIVE)  # timed steps per setting (after 2 warm-up steps)
     # training loss only; validation reports plain cross-entropy
     label_smoothing: float = setting(0.0, bound=UNIT_HALF_OPEN, numeric=True)
-    tta: str = setting("none", choices=TTA_CHOICES)  # validation: flip averages the softmax of the batch and its mirror image
+    # validation: flip averages the softmax of the batch and its mirror image; flip_shift adds both
+    # shifted one pixel up-left and down-right (6 views)
+    tta: str = setting("none", choices=TTA_CHOICES)
     # weight averaging: validation, best.pt and export use the averaged weights; null = off
     ema_decay: float | None = setting(None, bound=UNIT_OPEN, numeric=True)
     ema_every_n_steps: int = setting(1, bound=POSITIVE, numeric=True)  # optimizer steps between two updates of the average

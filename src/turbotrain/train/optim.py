@@ -33,6 +33,10 @@ class OptimConfig:
     # next layer already regularizes, and torchvision's recipes turn it off too
     norm_weight_decay: float | None = setting(0.0, bound=NON_NEGATIVE)
     bias_weight_decay: float | None = setting(0.0, bound=NON_NEGATIVE)  # weight decay of every bias; null: weight_decay
+    # learning rate of normalization layers' weights and biases, as a multiple of lr (airbench
+    # scales BatchNorm's by 64: they recover faster than the convolutions they normalize); every
+    # schedule scales it as it scales lr
+    norm_lr_scale: float = setting(1.0, bound=POSITIVE)
 
 
 @dataclass
@@ -78,21 +82,23 @@ NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalRes
 
 
 def param_groups(model: nn.Module, optim_cfg) -> list[dict]:
-    """One group per weight-decay value, in the order the kinds first appear: biases get
+    """One group per (weight decay, learning rate), in the order the kinds first appear: biases get
     `bias_weight_decay`, the other parameters of normalization layers `norm_weight_decay`, the
-    rest `weight_decay`. Built from the module tree as it is (after pruning), so a rebuilt
-    optimizer, at a resume, has the same groups."""
-    wd = optim_cfg.weight_decay
+    rest `weight_decay`; normalization layers' parameters learn at `lr * norm_lr_scale`. Built
+    from the module tree as it is (after pruning), so a rebuilt optimizer, at a resume, has the
+    same groups."""
+    wd, lr = optim_cfg.weight_decay, optim_cfg.lr
     norm_wd, bias_wd = (wd if v is None else v for v in (optim_cfg.norm_weight_decay, optim_cfg.bias_weight_decay))
-    groups: dict[float, list[nn.Parameter]] = {}
+    groups: dict[tuple[float, float], list[nn.Parameter]] = {}
     seen: set[int] = set()  # a tied parameter (shared embeddings) is listed once
     for module in model.modules():
+        norm = isinstance(module, NORMS)
         for name, p in module.named_parameters(recurse=False):
             if p.requires_grad and id(p) not in seen:
                 seen.add(id(p))
-                decay = bias_wd if name == "bias" else norm_wd if isinstance(module, NORMS) else wd
-                groups.setdefault(decay, []).append(p)
-    return [{"params": params, "weight_decay": decay} for decay, params in groups.items()]
+                decay = bias_wd if name == "bias" else norm_wd if norm else wd
+                groups.setdefault((decay, lr * optim_cfg.norm_lr_scale if norm else lr), []).append(p)
+    return [{"params": params, "weight_decay": decay, "lr": rate} for (decay, rate), params in groups.items()]
 
 
 def build_optimizer(model: nn.Module, optim_cfg) -> torch.optim.Optimizer:

@@ -100,17 +100,19 @@ def step(optimizer, c, optim_cfg, horizon: Horizon) -> LRScheduler:
 
 @SCHEDULES.register("onecycle", OneCycleConfig)
 def onecycle(optimizer, c, optim_cfg, horizon: Horizon) -> LRScheduler:
+    peaks = [g["lr"] for g in optimizer.param_groups]  # optim.lr, or its multiple (optim.norm_lr_scale)
     return OneCycleLR(
-        optimizer, max_lr=optim_cfg.lr, total_steps=horizon.total_steps, pct_start=c.pct_start, anneal_strategy=c.anneal_strategy
+        optimizer, max_lr=peaks, total_steps=horizon.total_steps, pct_start=c.pct_start, anneal_strategy=c.anneal_strategy
     )
 
 
 @SCHEDULES.register("cyclic", CyclicConfig)
 def cyclic(optimizer, c, optim_cfg, horizon: Horizon) -> LRScheduler:
+    scales = [g["lr"] / optim_cfg.lr for g in optimizer.param_groups]  # optim.norm_lr_scale's groups
     return CyclicLR(
         optimizer,
-        base_lr=optim_cfg.lr * c.base_lr_ratio,
-        max_lr=c.max_lr or optim_cfg.lr,
+        base_lr=[optim_cfg.lr * c.base_lr_ratio * s for s in scales],
+        max_lr=[(c.max_lr or optim_cfg.lr) * s for s in scales],
         step_size_up=max(1, int(c.cycle_epochs * horizon.steps_per_epoch / 2)),
         cycle_momentum=optimizer.defaults.get("momentum", 0) > 0,  # optimizers without momentum: none to cycle
     )

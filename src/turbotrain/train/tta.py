@@ -7,10 +7,26 @@ from collections.abc import Callable
 
 import torch
 
+
 # the views besides the batch itself, per trainer.tta choice (config.TTA_CHOICES)
+def shifted(x: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
+    """The batch moved by (dy, dx) pixels (down, right), the border filled by reflection: a crop
+    of the padded image, as a training-time random crop of a padded image would take."""
+    pad = max(abs(dy), abs(dx))
+    h, w = x.shape[-2:]
+    padded = torch.nn.functional.pad(x, (pad,) * 4, mode="reflect")
+    return padded[..., pad - dy : pad - dy + h, pad - dx : pad - dx + w]
+
+
 EXTRA_VIEWS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], ...]] = {
     "none": (),
     "flip": (lambda x: x.flip(-1),),  # the mirror image (width is the last dimension)
+    # airbench's multi-crop: the image and its mirror, each also shifted one pixel up-left and down-right
+    "flip_shift": (
+        lambda x: x.flip(-1),
+        *(lambda x, d=d: shifted(x, d, d) for d in (-1, 1)),
+        *(lambda x, d=d: shifted(x.flip(-1), d, d) for d in (-1, 1)),
+    ),
 }
 
 
