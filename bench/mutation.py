@@ -3,7 +3,8 @@
 in one place) runs the default suite's tests that execute the mutated function (mutmut records
 which in a first pass), in processes forked from a fork server (torch is not fork-safe once its
 thread pool has run). A mutant is killed when one of those tests fails or runs past 15x its time.
-Subprocess tests (train.py, torchrun) import the mutated tree too: PYTHONPATH puts it first.
+Tests that start train.py or torchrun run the unmutated package in those processes (mutmut's
+trampolines cannot run outside its own): code only they reach counts as "no tests".
 
 `python -m bench mutation [module ...]` (default: every module of MODULES) works in a copy of
 the tree under WORK, named by the commit, so a stopped job continues where it was; it writes
@@ -95,9 +96,8 @@ def run(*modules: str, children: int = 2) -> Path:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     work = _work_tree(commit)
     _configure(work, modules)
-    env = {**os.environ, "PYTHONPATH": str(work / "mutants" / "src")}
     t0 = time.perf_counter()
-    subprocess.run(["mutmut", "run", "--max-children", str(children)], cwd=work, env=env, stdout=subprocess.DEVNULL, check=False)
+    subprocess.run(["mutmut", "run", "--max-children", str(children)], cwd=work, stdout=subprocess.DEVNULL, check=False)
     return collect(modules, seconds=time.perf_counter() - t0, children=children)
 
 
