@@ -52,6 +52,7 @@ LIVED = ("survived", "no tests", "suspicious")  # no test saw it (no tests: none
 STRUCTURE_TESTS = (
     "tests/test_readme.py::test_package_declares_every_dependency_it_imports",
     "tests/test_registry.py::test_modules_and_run_functions_stay_small",
+    "tests/test_layers.py::test_no_layer_imports_a_later_one",
 )
 
 
