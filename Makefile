@@ -22,6 +22,5 @@ bench:
 	$(PY) -m bench
 
 docs: setup
-	$(PY) -m turbotrain.config.reference
 	$(PY) -m bench readme
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict

@@ -1,5 +1,6 @@
 """`python -m bench [name ...]`: run benchmarks (default: all), write bench/results/, regenerate the
-README's figures. `python -m bench readme [--check]`: regenerate (or check) them alone."""
+README's figures. `python -m bench readme [--check]`: regenerate (or check) them alone, with the
+configuration reference (docs/reference.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import argparse
 import importlib
 import os
 import sys
+
+from turbotrain.core.atomic import atomic_write_text
 
 # name -> (module, function, keyword arguments); imported on demand, so `readme` starts fast.
 BENCHES = {  # CPU sizes: minutes each on 2 cores
@@ -56,14 +59,25 @@ def _readme(check: bool) -> int:
 
     if not check:
         readme.update()
-        print("README.md and docs/: generated sections rewritten from bench/results/")
+        atomic_write_text(readme.REFERENCE, _reference())
+        print("README.md and docs/: generated sections and docs/reference.md rewritten")
         return 0
     diff = readme.check()
+    if readme.REFERENCE.read_text() != _reference():
+        diff.append(f"{readme.REFERENCE} differs from the schemas")
     if diff:
-        print("the docs differ from what bench/results/ gives; run `python -m bench readme`:", *diff[:60], sep="\n")
+        print("the docs differ from bench/results/ or the schemas; run `python -m bench readme`:", *diff[:60], sep="\n")
         return 1
-    print("README.md and docs/ figures match bench/results/")
+    print("README.md and docs/ match bench/results/ and the schemas")
     return 0
+
+
+def _reference() -> str:
+    """docs/reference.md's text, from the schemas of every registered option."""
+    import turbotrain.options  # noqa: F401  (fills the option registries)
+    from turbotrain.config import reference
+
+    return reference.page()
 
 
 def main() -> int:

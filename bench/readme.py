@@ -19,6 +19,7 @@ from turbotrain.core.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS, README, ASSETS = ROOT / "bench" / "results", ROOT / "README.md", ROOT / "docs" / "assets"  # ASSETS: generated figures
+REFERENCE = ROOT / "docs" / "reference.md"  # the configuration reference, generated from the schemas
 # (result file, row): the README's headline rows, one per thing a newcomer asks first
 HEADLINE = (
     ("time_to_accuracy.json", 0),

@@ -62,7 +62,7 @@ def test_every_command_the_docs_show_composes(page, command):
 
 def test_the_configuration_reference_is_the_schemas_and_says_what_every_key_means():
     text = (ROOT / "docs" / "reference.md").read_text()
-    assert text == reference.page(), "docs/reference.md is out of date: run python -m turbotrain.config.reference"
+    assert text == reference.page(), "docs/reference.md is out of date: run python -m bench readme"
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert len(rows) > 200
     assert [r for r in rows if r.rstrip().endswith("|  |")] == []  # a key without a comment beside it in its schema

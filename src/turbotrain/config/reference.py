@@ -1,25 +1,23 @@
-"""docs/reference.md, generated from the schemas: every group, option and key with its type,
+"""docs/reference.md's text, generated from the schemas: every group, option and key with its type,
 default, allowed values, resume rule and meaning (the comment written beside or above the field).
-`python -m turbotrain.config.reference` rewrites the page; `--check` exits 1 when it is stale."""
+`python -m bench readme` writes the page (it imports turbotrain.options, which fills the
+registries this reads); `--check` fails when it is stale."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
 import re
-import sys
-from pathlib import Path
+from collections.abc import Callable
 
 from turbotrain.config.schemas import TrainerConfig, is_numeric, registries
-from turbotrain.core.atomic import atomic_write_text
 from turbotrain.core.schema import describe
 
-PAGE = Path("docs") / "reference.md"  # from the repository's root, where `make docs` runs
 FIELD = re.compile(r"^\s+(\w+)\s*:\s*[^=]+(?:=.*)?$")
 
 INTRO = """# Configuration reference
 
-Generated from the config schemas by `python -m turbotrain.config.reference` (a test fails when
+Generated from the config schemas by `python -m bench readme` (a test fails when
 this page and the schemas disagree). Set a key on the command line as `group.key=value`
 (`optim.lr=0.05`), pick an option as `group=option` (`optim=adamw`); `python train.py --cfg job`
 prints the composed config.
@@ -71,9 +69,9 @@ def _row(group: str, f: dataclasses.Field, meaning: str) -> str:
     return f"| `{f.name}` | `{kind}` | {_default(f)} | {_allowed(f)} | {resume} | {meaning} |"
 
 
-def _table(group: str, schema: type, names: list[str]) -> list[str]:
+def _table(group: str, schema: type, keep: Callable[[str], bool] = lambda key: True) -> list[str]:
     comments = _comments(schema)
-    rows = [_row(group, f, comments.get(f.name, "")) for f in dataclasses.fields(schema) if f.name in names]
+    rows = [_row(group, f, comments.get(f.name, "")) for f in dataclasses.fields(schema) if keep(f.name)]
     return ["| key | type | default | allowed | resume | meaning |", "|---|---|---|---|---|---|", *rows, ""]
 
 
@@ -83,34 +81,16 @@ def _signature(group: str, f: dataclasses.Field) -> tuple:
 
 def page() -> str:
     lines = [INTRO, "## trainer", "", "Keys of every run: `trainer.<key>=value`.", ""]
-    lines += _table("trainer", TrainerConfig, [f.name for f in dataclasses.fields(TrainerConfig)])
+    lines += _table("trainer", TrainerConfig)
     for group, registry in sorted(registries().items()):
         options = list(registry)
         fields = {o.name: {f.name: _signature(group, f) for f in dataclasses.fields(o.schema)} for o in options}
         shared = [n for n, sig in fields[options[0].name].items() if all(fields[o.name].get(n) == sig for o in options)]
         lines += [f"## {group}", "", f"Options: {', '.join(f'`{d}`' for d in registry.described())}.", ""]
         if len(options) > 1 and shared:
-            lines += [f"Keys every `{group}` option has:", "", *_table(group, options[0].schema, shared)]
+            lines += [f"Keys every `{group}` option has:", "", *_table(group, options[0].schema, shared.__contains__)]
         for o in options:
-            own = [n for n in fields[o.name] if n not in shared or len(options) == 1]
+            own = set(fields[o.name]) - set(shared if len(options) > 1 else ())
             if own:
-                lines += [f"### {group}={o.name}", "", *_table(group, o.schema, own)]
+                lines += [f"### {group}={o.name}", "", *_table(group, o.schema, own.__contains__)]
     return "\n".join(lines).rstrip() + "\n"
-
-
-def main(argv: list[str]) -> int:
-    import turbotrain.options  # noqa: F401  (fills the registries)
-
-    text = page()
-    if "--check" in argv:
-        if PAGE.read_text() != text:
-            print(f"{PAGE} is out of date: run python -m turbotrain.config.reference", file=sys.stderr)
-            return 1
-        return 0
-    atomic_write_text(PAGE, text)
-    print(f"wrote {PAGE}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
