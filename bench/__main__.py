@@ -39,6 +39,9 @@ BENCHES = {  # CPU sizes: minutes each on 2 cores
     "data_scale": ("data_scale", "run", {}),  # ~40, most of it writing the trees and their copies once
     "cache_index": ("cache_index", "run", {}),  # ~3
 }
+ON_REQUEST = {  # named only: hours on 2 cores, and it measures the tests, not the code's speed
+    "mutation": ("mutation", "run", {}),
+}
 
 GPU_BENCHES = {  # bench/gpu_check.sh: GPU sizes, fp16 AMP + GradScaler, pinned memory; ~8 minutes in all
     "precision": ("train_speed", "precision_channels_last", {"repeats": 3, "steps": 20, "size": 224, "batch": 128}),
@@ -82,19 +85,20 @@ def _reference() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("names", nargs="*", choices=[[], "readme", *BENCHES], help="benchmarks to run (default: all)")
+    names = [[], "readme", *BENCHES, *ON_REQUEST]
+    parser.add_argument("names", nargs="*", choices=names, help="benchmarks to run (default: all but ON_REQUEST's)")
     parser.add_argument("--gpu", action="store_true", help="GPU sizes, results in bench/results/gpu/ (docs untouched)")
     parser.add_argument("--check", action="store_true", help="with `readme`: fail if README.md or docs/ differ from the results")
     args = parser.parse_args()
     if args.names == ["readme"]:
         return _readme(args.check)
     os.environ.setdefault("WANDB_MODE", "disabled")
-    benches = GPU_BENCHES if args.gpu else BENCHES
+    benches = GPU_BENCHES if args.gpu else {**BENCHES, **ON_REQUEST}
     if args.gpu:
         from bench import common
 
         common.RESULTS = common.RESULTS / "gpu"
-    for name in args.names or list(benches):
+    for name in args.names or list(GPU_BENCHES if args.gpu else BENCHES):
         if name not in benches:
             print(f"{name}: no {'GPU' if args.gpu else 'CPU'} version, skipped")
             continue

@@ -13,6 +13,7 @@ their diffs, and the score over the mutants that are not listed in EQUIVALENT.""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -22,7 +23,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.common import ROOT, write
+from bench.common import RESULTS, ROOT, write
 
 WORK = Path(os.path.expanduser("~/.cache/turbotrain/bench/mutation"))
 MODULES = [
@@ -104,15 +105,22 @@ def run(*modules: str, children: int = 2) -> Path:
 
 def collect(modules: list[str], seconds: float | None = None, children: int = 2) -> Path:
     """mutation.json from the newest work tree's results so far (a stopped run's too: its unchecked
-    mutants are counted apart), whichever commit it was made from."""
+    mutants are counted apart), whichever commit it was made from. Modules not named keep what an
+    earlier run wrote for them, each under the commit it was measured at."""
     commit = max((p for p in WORK.iterdir() if (p / "mutants").is_dir()), key=lambda p: p.stat().st_mtime).name
     status = _results(WORK / commit)
-    per_module = {}
+    earlier = json.loads((RESULTS / "mutation.json").read_text()) if (RESULTS / "mutation.json").is_file() else {}
+    per_module = dict(earlier.get("modules", {}))
     for module in modules:
         mine = {m: s for m, s in status.items() if _module(m) == module}
         survivors = {m: _show(WORK / commit, m) for m, s in mine.items() if s in LIVED and m not in EQUIVALENT}
-        per_module[module.removeprefix("src/turbotrain/")] = {"status": dict(Counter(mine.values())), "survivors": survivors}
-    payload = {"commit": commit, "seconds": seconds, "children": children, "modules": per_module, "equivalent": EQUIVALENT}
+        per_module[module.removeprefix("src/turbotrain/")] = {
+            "commit": commit,
+            "seconds": seconds,
+            "status": dict(Counter(mine.values())),
+            "survivors": survivors,
+        }
+    payload = {"children": children, "modules": per_module, "equivalent": EQUIVALENT}
     return write("mutation", {**payload, "scores": scores(payload)})
 
 
@@ -136,6 +144,26 @@ def scores(result: dict) -> dict[str, dict]:
             "score": killed / denominator if denominator else None,
         }
     return out
+
+
+def section(results: Path) -> str:
+    """docs/benchmarks.md's table: per module, its mutants and the share of them the tests kill."""
+    from bench.readme import machine
+
+    result = json.loads((results / "mutation.json").read_text())
+    lines = [
+        f"Measured by `python -m bench mutation` (mutmut, {result['children']} children) on "
+        f"{machine(result['hardware'])}, `bench/results/mutation.json`; score = killed / (checked - equivalent).",
+        "",
+        "| module | mutants checked | killed | equivalent | survived | score | tests at |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for module, s in result["scores"].items():
+        score = "-" if s["score"] is None else f"{100 * s['score']:.1f} %"
+        survived = s["checked"] - s["killed"] - s["equivalent"]
+        commit = result["modules"][module]["commit"]
+        lines.append(f"| `{module}` | {s['checked']} | {s['killed']} | {s['equivalent']} | {survived} | {score} | {commit} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":  # python -m bench.mutation [--collect] [module ...]

@@ -169,6 +169,12 @@ def data_scale(results: Path) -> str:
     return importlib.import_module("bench.data_scale").section(results)
 
 
+def mutation(results: Path) -> str:
+    import importlib
+
+    return importlib.import_module("bench.mutation").section(results)
+
+
 def result_table(results: Path, name: str, how: str) -> str:
     """One result file's rows as a table, under the line naming its hardware, command and method."""
     path = results / f"{name}.json"
@@ -195,13 +201,14 @@ SECTIONS: dict[str, Callable[[Path], str]] = {
     "data_scale": data_scale,
     "cache_index": cache_index,
     "comparisons": comparisons,
+    "mutation": mutation,
 }
 # page -> the sections it holds
 PAGES = {
     "README.md": ("headline",),
     "docs/recipes.md": ("recipes", "time_to_accuracy"),
     "docs/data.md": ("data_scale", "cache_index"),
-    "docs/benchmarks.md": ("comparisons",),
+    "docs/benchmarks.md": ("comparisons", "mutation"),
 }
 
 

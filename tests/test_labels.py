@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import random
 
 import pytest
@@ -116,13 +118,16 @@ def test_a_malformed_label_stops_the_run_naming_the_shard_and_key_under_on_bad_s
     assert (keys, labels, skipped) == (["k0", "k2"], [1, 1], 1)  # the rest of the shard stays
 
 
-def test_hf_images_leave_out_rows_without_a_label_and_keep_every_other_row_with_its_own(tmp_path):
+@pytest.mark.parametrize("label_type", ["ClassLabel", "int32"])  # int32: plain integers, as many Parquet files hold them
+def test_hf_images_leave_out_rows_without_a_label_and_keep_every_other_row_with_its_own(tmp_path, label_type, caplog):
     """Null labels (and ClassLabel's -1) are left out at listing and counted; a row without an
-    image keeps its place and is a bad sample when read (counted in bad_samples)."""
+    image keeps its place and is a bad sample when read (counted in bad_samples). The loss takes
+    the targets of either label type."""
     import datasets
 
     rng = random.Random(5)
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=[f"c{k}" for k in range(4)])})
+    label = datasets.ClassLabel(names=[f"c{k}" for k in range(4)]) if label_type == "ClassLabel" else datasets.Value("int32")
+    features = datasets.Features({"image": datasets.Image(), "label": label})
     splits, expected = {}, {}
     for split, n in (("train", 30), ("validation", 8)):
         rows = {"image": [], "label": []}
@@ -135,7 +140,13 @@ def test_hf_images_leave_out_rows_without_a_label_and_keep_every_other_row_with_
             expected.setdefault(split, []).append((image if rows["image"][-1] else None, label))
         splits[split] = datasets.Dataset.from_dict(rows, features=features)
     datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "disk"))
-    data = build_data(make_cfg("data=hf_images", f"data.root={tmp_path / 'disk'}", "data.image_size=8").data)
+    with caplog.at_level(logging.WARNING, logger="turbotrain"):
+        data = build_data(make_cfg("data=hf_images", f"data.root={tmp_path / 'disk'}", "data.image_size=8").data)
+    for split, rows in expected.items():  # each split's warning names its first five rows left out
+        left_out = [r for r, (_, label) in enumerate(rows) if label is None or label < 0]
+        first = ", ".join(map(str, left_out[:5]))
+        assert f"split {split}: {len(left_out)} row(s) without a label left out (rows {first}...)" in caplog.messages
+        assert split != "train" or len(left_out) > 5  # more than the five it names
     for dataset, split in ((data.train, "train"), (data.val, "validation")):
         source = dataset.dataset.source
         labelled = [(image, label) for image, label in expected[split] if label is not None and label >= 0]
@@ -149,6 +160,9 @@ def test_hf_images_leave_out_rows_without_a_label_and_keep_every_other_row_with_
                 assert bytes(source.encoded(i).numpy()) == image
     unlabelled = sum(label is None or label < 0 for rows in expected.values() for _, label in rows)
     assert data.bad_indexed == unlabelled > 0
+    targets = torch.as_tensor(data.val.dataset.source.labels)
+    loss = torch.nn.functional.cross_entropy(torch.zeros(len(targets), 4), targets)
+    assert loss.item() == pytest.approx(math.log(4))
 
 
 def test_the_image_folder_listing_labels_each_file_by_its_class_folder_and_counts_broken_links(tmp_path):

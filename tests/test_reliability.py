@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -16,6 +17,7 @@ import torch
 from conftest import ROOT, TINY, make_cfg, run_cli
 from turbotrain.config import ConfigError
 from turbotrain.core import checkpoint as ckpt_io
+from turbotrain.core.atomic import remove_stale_temps
 from turbotrain.core.checkpoint import load
 from turbotrain.train.run import TrainingError, train
 
@@ -85,6 +87,50 @@ def test_resume_removes_temp_files_of_a_killed_write(tmp_path):
     stale.write_bytes(b"partial bytes")
     train(make_cfg(*TINY, "trainer.max_epochs=2", "trainer.resume=auto"), tmp_path)
     assert not stale.exists() and load(tmp_path / "checkpoints" / "last.pt")["state"]["epoch"] == 2
+
+
+def test_stale_temps_are_those_of_dead_writers_and_a_live_writer_is_not_signalled(tmp_path):
+    """A temp whose writer has exited is removed; the temps of a live writer of ours and of a live
+    process of another user (kill(pid, 0) refused) stay, and the live writer gets no signal."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid names no process
+    live = subprocess.Popen(["sleep", "60"])
+    names = {who: f".last.pt.tmp{pid}" for who, pid in (("dead", dead.pid), ("live", live.pid))}
+    try:
+        for name in names.values():
+            (tmp_path / name).write_bytes(b"partial")
+        assert remove_stale_temps(tmp_path) == [names["dead"]]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [names["live"]]
+        time.sleep(0.2)  # a signal sent to it would have ended it by now
+        assert live.poll() is None
+    finally:
+        live.kill()
+        live.wait()
+    (tmp_path / names["live"]).unlink()
+    _another_users_writer_keeps_its_temp(tmp_path)
+
+
+def _another_users_writer_keeps_its_temp(tmp_path):
+    """As root, a child that drops to uid 65534 judges this (root's) process; as another user,
+    pid 1 is root's. Either way kill(pid, 0) raises PermissionError for a live process."""
+    if os.getuid() != 0 and os.stat("/proc/1").st_uid == os.getuid():
+        pytest.skip("no live process of another user to judge: pid 1 is this user's")
+    owner = os.getpid() if os.getuid() == 0 else 1
+    temp = tmp_path / f".last.pt.tmp{owner}"
+    temp.write_bytes(b"partial")
+    child = os.fork()
+    if child == 0:  # only os calls here: the parent's threads do not exist in the child
+        code = 1
+        try:
+            os.chdir(tmp_path)  # entered before dropping root: its parents are root's alone
+            if os.getuid() == 0:
+                os.chmod(".", 0o777)
+                os.setuid(65534)
+            code = 0 if remove_stale_temps(".") == [] and os.path.exists(temp.name) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "another user's live writer lost its temp"
 
 
 def test_sigterm_writes_checkpoint_and_exits_nonzero(tmp_path):

@@ -40,10 +40,10 @@ class ArrowSource(ImageSource):
     labels as an array."""
 
     def __init__(self, ds, split: str, image_column: str, label_column: str):
+        """`ds` as loaded from storage: a view's row selection (`ds._indices`) is not read, and
+        datasets writes views out whole (save_to_disk flattens them)."""
         import datasets
 
-        if ds._indices is not None:  # a selected or shuffled view: rows in their own order, once
-            ds = ds.flatten_indices()
         feature = ds.features[label_column]
         # a null label (or ClassLabel's -1, "no label") is a row left out, not a garbage integer
         labels = np.asarray(ds.data.column(label_column).fill_null(-1).to_numpy(), dtype=np.int64)
@@ -53,7 +53,8 @@ class ArrowSource(ImageSource):
             first = ", ".join(str(r) for r in np.flatnonzero(labels < 0)[:5])
             log.warning("split %s: %d row(s) without a label left out (rows %s...)", split, self.left_out, first)
         top = int(self.labels.max()) if len(self.labels) else -1
-        self.classes = list(feature.names) if isinstance(feature, datasets.ClassLabel) else [str(k) for k in range(top + 1)]
+        self.named = isinstance(feature, datasets.ClassLabel)
+        self.classes = list(feature.names) if self.named else [str(k) for k in range(top + 1)]
         self.images, self.split, self.fingerprint = ds.data.column(image_column), split, ds._fingerprint
 
     def name(self, i: int) -> str:
@@ -101,4 +102,7 @@ def _split(cfg, loaded, key: str):
 def hf_images(cfg, tokenizer=None) -> DataBundle:
     root = required_root(cfg, "a save_to_disk folder, Parquet files or an image folder, by data.format")
     loaded = _load(cfg, root)
-    return image_bundle(cfg, root.resolve().name, _split(cfg, loaded, "train_split"), _split(cfg, loaded, "val_split"))
+    train, val = _split(cfg, loaded, "train_split"), _split(cfg, loaded, "val_split")
+    if not (train.named or val.named):  # plain integers: classes up to the largest in either split
+        train.classes = val.classes = max(train.classes, val.classes, key=len)
+    return image_bundle(cfg, root.resolve().name, train, val)

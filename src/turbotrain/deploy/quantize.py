@@ -52,9 +52,9 @@ def quantize_linear_dynamic(model: nn.Module, embeddings: tuple[str, ...] = ()) 
     (BERT's token-type lookup takes expanded, non-contiguous indices, which the quantized
     embedding kernel refuses: name the word embeddings only.)"""
     torch.backends.quantized.engine = BACKEND
-    qconfig: dict = {nn.Linear: default_dynamic_qconfig}
+    qconfig: dict = {nn.Linear: default_dynamic_qconfig}  # qint8 weights (the qconfigs say; a dtype argument is unused)
     qconfig.update({name: float_qparams_weight_only_qconfig for name in embeddings})
-    return quantize_dynamic(model.eval(), qconfig, dtype=torch.qint8)
+    return quantize_dynamic(model.eval(), qconfig)
 
 
 def word_embedding_names(model: nn.Module, hf_model: nn.Module) -> tuple[str, ...]:
