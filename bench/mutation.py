@@ -6,10 +6,12 @@ thread pool has run). A mutant is killed when one of those tests fails or runs p
 Tests that start train.py or torchrun run the unmutated package in those processes (mutmut's
 trampolines cannot run outside its own): code only they reach counts as "no tests".
 
-`python -m bench mutation [module ...]` (default: every module of MODULES) works in a copy of
-the tree under WORK, named by the commit, so a stopped job continues where it was; it writes
-bench/results/mutation.json: per module the mutants, how many were killed, the survivors with
-their diffs, and the score over the mutants that are not listed in EQUIVALENT."""
+`python -m bench mutation [module ...]` (default: every module of MODULES) works in one copy of
+the tree under WORK, brought to HEAD at each start: mutmut keeps the verdicts of every function
+whose source is unchanged, so a stopped job continues where it was, and the survivors of earlier
+runs are tried again against the tests as they are now. It writes bench/results/mutation.json:
+per module the mutants, how many were killed, the survivors with their diffs, and the score over
+the mutants that are not listed in EQUIVALENT."""
 
 from __future__ import annotations
 
@@ -57,13 +59,17 @@ STRUCTURE_TESTS = (
 )
 
 
-def _work_tree(commit: str) -> Path:
-    """A copy of the tracked tree at `commit` (mutmut writes its mutants/ beside the sources)."""
-    work = WORK / commit
-    if not (work / "pyproject.toml").is_file():
-        work.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+def _work_tree() -> Path:
+    """WORK/tree holding the tracked files at HEAD, over what mutmut left there (mutants/, its
+    results and its map of tests to functions); files deleted since go too."""
+    work = WORK / "tree"
+    for name in ("src", "tests", "bench", "conf"):
+        shutil.rmtree(work / name, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    (WORK / "tree.commit").write_text(commit.strip())
     return work
 
 
@@ -95,25 +101,29 @@ def run(*modules: str, children: int = 2) -> Path:
     modules = list(modules) or MODULES
     if shutil.which("mutmut") is None:
         raise SystemExit("bench mutation needs mutmut: pip install -e .[mutation]")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    work = _work_tree(commit)
+    work = _work_tree()
     _configure(work, modules)
     t0 = time.perf_counter()
-    subprocess.run(["mutmut", "run", "--max-children", str(children)], cwd=work, stdout=subprocess.DEVNULL, check=False)
+    command = ["mutmut", "run", "--max-children", str(children)]
+    if (work / "mutants").is_dir():  # earlier survivors first, against today's tests
+        again = [m for m, s in _results(work).items() if s in LIVED and _module(m) in modules]
+        if again:
+            subprocess.run(command + again, cwd=work, stdout=subprocess.DEVNULL, check=False)
+    subprocess.run(command, cwd=work, stdout=subprocess.DEVNULL, check=False)
     return collect(modules, seconds=time.perf_counter() - t0, children=children)
 
 
 def collect(modules: list[str], seconds: float | None = None, children: int = 2) -> Path:
-    """mutation.json from the newest work tree's results so far (a stopped run's too: its unchecked
-    mutants are counted apart), whichever commit it was made from. Modules not named keep what an
-    earlier run wrote for them, each under the commit it was measured at."""
-    commit = max((p for p in WORK.iterdir() if (p / "mutants").is_dir()), key=lambda p: p.stat().st_mtime).name
-    status = _results(WORK / commit)
+    """mutation.json from the work tree's results so far (a stopped run's too: its unchecked mutants
+    are counted apart). Modules not named keep what an earlier run wrote for them, each under the
+    commit its tests were at."""
+    work, commit = WORK / "tree", (WORK / "tree.commit").read_text()
+    status = _results(work)
     earlier = json.loads((RESULTS / "mutation.json").read_text()) if (RESULTS / "mutation.json").is_file() else {}
     per_module = dict(earlier.get("modules", {}))
     for module in modules:
         mine = {m: s for m, s in status.items() if _module(m) == module}
-        survivors = {m: _show(WORK / commit, m) for m, s in mine.items() if s in LIVED and m not in EQUIVALENT}
+        survivors = {m: _show(work, m) for m, s in mine.items() if s in LIVED and m not in EQUIVALENT}
         per_module[module.removeprefix("src/turbotrain/")] = {
             "commit": commit,
             "seconds": seconds,

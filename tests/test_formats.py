@@ -69,6 +69,8 @@ def test_hf_images_hold_the_trees_images_and_class_labels(fmt, jpeg_tree, made, 
         expected = sorted((_sha(Path(p).read_bytes()), t) for p, t in reference.samples)
         got = sorted((_sha(bytes(source.encoded(i).numpy())), int(source.labels[i])) for i in range(len(source)))
         assert got == expected
+    if fmt == "parquet":  # datasets' own cache of the converted files goes under data.cache_dir
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"] and any((tmp_path / "hf").iterdir())
 
 
 def _corrupt_member(shard, n: int = 1):

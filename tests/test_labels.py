@@ -154,12 +154,13 @@ def test_hf_images_leave_out_rows_without_a_label_and_keep_every_other_row_with_
         for i, (image, label) in enumerate(labelled):
             assert int(source.labels[i]) == label
             if image is None:
-                with pytest.raises(ValueError, match="no image"):
+                with pytest.raises(ValueError, match=r"^the row has no image \(neither bytes nor a path\)$"):
                     source.encoded(i)
             else:
                 assert bytes(source.encoded(i).numpy()) == image
     unlabelled = sum(label is None or label < 0 for rows in expected.values() for _, label in rows)
     assert data.bad_indexed == unlabelled > 0
+    assert data.class_names == [f"c{k}" if label_type == "ClassLabel" else str(k) for k in range(4)]
     targets = torch.as_tensor(data.val.dataset.source.labels)
     loss = torch.nn.functional.cross_entropy(torch.zeros(len(targets), 4), targets)
     assert loss.item() == pytest.approx(math.log(4))
