@@ -4,37 +4,79 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 import torch
 from omegaconf import OmegaConf
+from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import TINY, make_cfg, run_cli
 from turbotrain.core import checkpoint as ckpt_io
 from turbotrain.core.checkpoint import load
 from turbotrain.core.schema import ConfigError
+from turbotrain.data import build_data
+from turbotrain.models import build_model
 from turbotrain.train import numerics, optim
-from turbotrain.train.precision import CPU_BF16_ENV
+from turbotrain.train.precision import CPU_BF16_ENV, build_precision
 from turbotrain.train.run import train
-from turbotrain.train.tracking import METRIC_KEYS
+from turbotrain.train.tracking import METRIC_KEYS, peak_mem_mb
+
+CPU = torch.device("cpu")
 
 
 def test_digits_learns_and_writes_contracts(tmp_path):
-    best = train(make_cfg(*TINY, "trainer.max_epochs=3"), tmp_path)
+    cfg = make_cfg(*TINY, "trainer.max_epochs=3")
+    started = time.time()
+    best = train(cfg, tmp_path)
     assert best > 0.6  # chance is 0.1
     events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert {e["split"] for e in events} == {"train", "val"}
     for e in events:
         assert set(METRIC_KEYS) - {"acc5"} <= set(e)
     assert all("acc5" in e for e in events if e["split"] == "val")
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["best_val_acc1"] == best
-    for key in ("train_time_s", "samples_per_s", "params", "flops", "peak_mem_mb", "data_wait_frac"):
-        assert summary[key] > 0, key
+    _check_summary(json.loads((tmp_path / "summary.json").read_text()), cfg, tmp_path, events, started)
     for name in ("best", "last"):
         ckpt = load(tmp_path / "checkpoints" / f"{name}.pt")  # weights_only=True inside
         assert ckpt["arch"]["num_classes"] == 10 and "trainer:" in ckpt["config"]
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.suffix != ".pt"]
+
+
+def _check_summary(summary: dict, cfg, run_dir, events: list[dict], started: float) -> None:
+    """Each of summary.json's figures against where it comes from: the checkpoint, the metrics
+    log, the config, the model rebuilt, this process."""
+    last = load(run_dir / "checkpoints" / "last.pt")
+    state, val = last["state"], [e for e in events if e["split"] == "val"]
+    assert summary["best_val_acc1"] == max(e["acc1"] for e in val) > val[-1]["acc1"] - 1e-12
+    assert {k: summary[f"val_{k}"] for k in ("loss", "acc1", "acc5")} == {k: val[-1][k] for k in ("loss", "acc1", "acc5")}
+    assert summary["val_acc1"] == last["metrics"]["val_acc1"]
+    data = build_data(cfg.data)
+    batches = len(data.train) // cfg.data.batch_size  # the default sampler drops the last partial batch
+    assert (summary["epochs"], summary["steps"]) == (3, 3 * batches) == (state["epoch"], state["global_step"])
+    assert (summary["skipped_steps"], summary["bad_samples"], summary["bad_samples_indexed"], summary["restarts"]) == (0, 0, 0, 0)
+    assert summary["parent"] is None and summary["world_size"] == 1 and summary["device"] == "cpu"
+    assert summary["train_time_s"] == state["train_time_s"]
+    # one session from the start: its seconds are the run's training seconds
+    assert summary["samples_per_s"] == pytest.approx(3 * batches * cfg.data.batch_size / summary["train_time_s"], rel=1e-6)
+    assert 0 <= summary["data_wait_frac"] < 1
+    assert summary["rank_peak_mem_mb"] == [summary["peak_mem_mb"]] and 0 < summary["peak_mem_mb"] <= peak_mem_mb(CPU)
+    assert len(summary["rank_epoch_time_s"]) == 1 and 0 < summary["rank_epoch_time_s"][0] < summary["train_time_s"]
+    assert 0 < summary["time_to_first_step_s"] < time.time() - started + 60  # process age: imports included
+    model = build_model(cfg.model, data.num_classes, data.in_channels)
+    assert summary["params"] == sum(p.numel() for p in model.parameters())
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model.eval()(torch.zeros(1, data.in_channels, data.image_size, data.image_size))
+    assert summary["flops"] == counter.get_total_flops() > 0
+    precision = build_precision(cfg.precision, CPU)
+    assert summary["precision"] == cfg.precision.name == precision.name
+    assert summary["autocast_dtype"] == (None if precision.dtype is None else str(precision.dtype).removeprefix("torch."))
+    assert summary["compression"] is None and summary["autotune"] is None
+    effective = (cfg.loader.num_workers, cfg.trainer.channels_last, cfg.trainer.compile)
+    assert (summary["num_workers"], summary["channels_last"], summary["compile"]) == effective
+    assert summary["threads"] == torch.get_num_threads() and summary["torch"] == torch.__version__
+    finished = time.mktime(time.strptime(summary["finished_at"], "%Y-%m-%dT%H:%M:%S"))
+    assert started - 1 <= finished <= time.time()
+    assert summary["best_checkpoint"] == str(run_dir / "checkpoints" / "best.pt")
 
 
 class Interrupted(Exception):
