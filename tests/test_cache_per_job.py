@@ -63,3 +63,6 @@ def test_a_cache_another_process_finished_first_is_kept_and_ours_dropped(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
     assert atomic_write_dir(folder, lambda tmp: (tmp / "images.bin").write_bytes(b"new")) is True
     assert (folder / "images.bin").read_bytes() == b"new"  # the default (other folders) swaps it in
+    alone = tmp_path / "alone"  # nobody else built this one: ours is put in place, and said so
+    assert atomic_write_dir(alone, lambda tmp: (tmp / "images.bin").write_bytes(b"ours"), replace=False) is True
+    assert (alone / "images.bin").read_bytes() == b"ours"

@@ -73,6 +73,26 @@ def test_hf_images_hold_the_trees_images_and_class_labels(fmt, jpeg_tree, made, 
         assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"] and any((tmp_path / "hf").iterdir())
 
 
+def test_a_misconfigured_hf_dataset_is_refused_in_one_line_naming_the_key(made, tmp_path):
+    from turbotrain.config import ConfigError
+
+    disk, empty, one = made / "disk", tmp_path / "empty", tmp_path / "one"
+    empty.mkdir()
+    datasets.load_from_disk(str(disk))["train"].save_to_disk(str(one))
+    splits = rf"no such split in data.root={disk} \(it has train, validation\)$"
+    cases = {
+        (f"data.root={empty}",): rf"^data.root={empty}: not a dataset in data.format=disk: ",
+        (f"data.root={one}",): rf"^data.root={one}: one split saved, no validation: save a DatasetDict with both$",
+        (f"data.root={disk}", "data.train_split=nope"): rf"^data.train_split=nope: {splits}",
+        (f"data.root={disk}", "data.val_split=test"): rf"^data.val_split=test: {splits}",
+        (f"data.root={disk}", "data.image_column=img"): r"^data.image_column=img: split train has columns image, label$",
+        (f"data.root={disk}", "data.label_column=y"): r"^data.label_column=y: split train has columns image, label$",
+    }
+    for overrides, message in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            build_data(make_cfg("data=hf_images", *overrides).data)
+
+
 def _corrupt_member(shard, n: int = 1):
     """Overwrite the n-th image member's bytes in place: a bad sample inside a sound tar."""
     keys, offsets, sizes, _, _ = index_shard(shard, "error")
