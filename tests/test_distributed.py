@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, make_cfg, run_cli
+from turbotrain.config import ConfigError
 from turbotrain.core.checkpoint import load
 from turbotrain.train.collectives import balance_warning
+from turbotrain.train.run import train
 
 # BN-free and dropout-free, so 2 ranks x 32 samples must equal 1 rank x 64 samples exactly
 # up to float summation order.
@@ -57,14 +59,20 @@ def _assert_same_weights(a: dict, b: dict) -> None:
         torch.testing.assert_close(b["ema"]["weights"][k], v, rtol=1e-4, atol=1e-5, msg=f"ema {k}")
 
 
-def test_two_process_ddp_with_accumulation_equals_one_process_on_same_global_batch(one_process_run, tmp_path):
+def test_two_process_ddp_with_accumulation_equals_one_process_on_same_global_batch(one_process_run, tmp_path, monkeypatch):
     """2 ranks x 2 micro-batches of 16: DDP must sync on each group's last micro-batch. With
     grad_accum_steps=1 first and last are one micro-batch, so only this run can tell them apart."""
     two = tmp_path / "run"
-    args = ("data.batch_size=16", "trainer.grad_accum_steps=2", "trainer.limit_train_batches=8")
-    r = run_cli("train.py", *EQUIV, EMA, *args, "distributed=ddp", "distributed.nproc=2", f"hydra.run.dir={two}", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    _assert_same_weights(load(one_process_run / "checkpoints" / "last.pt"), load(two / "checkpoints" / "last.pt"))
+    args = (*EQUIV, EMA, "data.batch_size=16", "trainer.grad_accum_steps=2", "trainer.limit_train_batches=8")
+    args += ("distributed=ddp", "distributed.nproc=2")
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "train.py")])  # the workers run the script that launched them
+    best = train(make_cfg(*args), two, overrides=args)  # this process launches the workers, as train.py does
+    one = load(one_process_run / "checkpoints" / "last.pt")
+    _assert_same_weights(one, load(two / "checkpoints" / "last.pt"))
+    assert best == json.loads((two / "summary.json").read_text())["best_val_acc1"]
+    assert best == pytest.approx(one["metrics"]["val_acc1"], abs=1e-9)
+    with pytest.raises(ConfigError, match="trainer.resume"):  # a fresh job in a used dir: refused before any launch
+        train(make_cfg(*args), two, overrides=args)
 
 
 def test_two_process_ddp_equals_one_process_on_same_global_batch(one_process_run, tmp_path):
