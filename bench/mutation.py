@@ -8,8 +8,8 @@ trampolines cannot run outside its own): code only they reach counts as "no test
 
 `python -m bench mutation [module ...]` (default: every module of MODULES) works in one copy of
 the tree under WORK, brought to HEAD at each start: mutmut keeps the verdicts of every function
-whose source is unchanged, so a stopped job continues where it was, and the survivors of earlier
-runs are tried again against the tests as they are now. It writes bench/results/mutation.json:
+whose source is unchanged, so a stopped job continues where it was, and tries the survivors of
+earlier runs again against the tests as they are now. It writes bench/results/mutation.json:
 per module the mutants, how many were killed, the survivors with their diffs, and the score over
 the mutants that are not listed in EQUIVALENT."""
 
@@ -103,14 +103,23 @@ def run(*modules: str, children: int = 2) -> Path:
         raise SystemExit("bench mutation needs mutmut: pip install -e .[mutation]")
     work = _work_tree()
     _configure(work, modules)
+    _forget_survivors(work, modules)
     t0 = time.perf_counter()
-    command = ["mutmut", "run", "--max-children", str(children)]
-    if (work / "mutants").is_dir():  # earlier survivors first, against today's tests
-        again = [m for m, s in _results(work).items() if s in LIVED and _module(m) in modules]
-        if again:
-            subprocess.run(command + again, cwd=work, stdout=subprocess.DEVNULL, check=False)
-    subprocess.run(command, cwd=work, stdout=subprocess.DEVNULL, check=False)
+    subprocess.run(["mutmut", "run", "--max-children", str(children)], cwd=work, stdout=subprocess.DEVNULL, check=False)
     return collect(modules, seconds=time.perf_counter() - t0, children=children)
+
+
+def _forget_survivors(work: Path, modules: list[str]) -> None:
+    """Mark the mutants no test saw in an earlier run (survived, no tests) unchecked, so this run
+    tries them against today's tests in the same pass as the new ones (one clean-test pass, not
+    two). mutmut 3.8's results file per module: exit code 0 survived, 33 no tests, None unchecked."""
+    for module in modules:
+        meta = work / "mutants" / f"{module}.meta"
+        if meta.is_file():
+            data = json.loads(meta.read_text())
+            codes = data["exit_code_by_key"]
+            data["exit_code_by_key"] = {k: None if v in (0, 33) else v for k, v in codes.items()}
+            meta.write_text(json.dumps(data))
 
 
 def collect(modules: list[str], seconds: float | None = None, children: int = 2) -> Path:

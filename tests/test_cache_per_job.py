@@ -63,6 +63,36 @@ def test_a_cache_another_process_finished_first_is_kept_and_ours_dropped(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
     assert atomic_write_dir(folder, lambda tmp: (tmp / "images.bin").write_bytes(b"new")) is True
     assert (folder / "images.bin").read_bytes() == b"new"  # the default (other folders) swaps it in
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]  # the folder it replaced is gone
     alone = tmp_path / "alone"  # nobody else built this one: ours is put in place, and said so
     assert atomic_write_dir(alone, lambda tmp: (tmp / "images.bin").write_bytes(b"ours"), replace=False) is True
     assert (alone / "images.bin").read_bytes() == b"ours"
+
+
+def test_two_writers_of_one_folder_fill_their_own_temp_folders(tmp_path):
+    """Another process starting to write the same folder meanwhile (a rank of another node, another
+    job) neither clears nor reuses ours; a leftover temp of a killed writer with this pid is cleared."""
+    import socket
+
+    from turbotrain.core.atomic import atomic_write_dir
+
+    target = tmp_path / "cache"
+    leftover = tmp_path / f".cache.tmp-{socket.gethostname()}-{os.getpid()}"  # pid reused after a kill -9
+    (leftover / "stale").mkdir(parents=True)
+
+    def ours(tmp):
+        (tmp / "a.bin").write_bytes(b"ours")
+        child = os.fork()
+        if child == 0:  # only file calls here: the parent's threads do not exist in the child
+            code = 1
+            try:
+                atomic_write_dir(target, lambda t: (t / "a.bin").write_bytes(b"theirs"), replace=False)
+                code = 0
+            finally:
+                os._exit(code)
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+        assert sorted(p.name for p in tmp.iterdir()) == ["a.bin"] and (tmp / "a.bin").read_bytes() == b"ours"
+
+    assert atomic_write_dir(target, ours, replace=False) is False  # theirs finished first and stays
+    assert (target / "a.bin").read_bytes() == b"theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]

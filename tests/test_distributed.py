@@ -59,7 +59,7 @@ def _assert_same_weights(a: dict, b: dict) -> None:
         torch.testing.assert_close(b["ema"]["weights"][k], v, rtol=1e-4, atol=1e-5, msg=f"ema {k}")
 
 
-def test_two_process_ddp_with_accumulation_equals_one_process_on_same_global_batch(one_process_run, tmp_path, monkeypatch):
+def test_ddp_launched_here_with_accumulation_equals_one_process_on_same_global_batch(one_process_run, tmp_path, monkeypatch):
     """2 ranks x 2 micro-batches of 16: DDP must sync on each group's last micro-batch. With
     grad_accum_steps=1 first and last are one micro-batch, so only this run can tell them apart."""
     two = tmp_path / "run"
