@@ -169,6 +169,8 @@ def section(results: Path) -> str:
     """docs/benchmarks.md's table: per module, its mutants and the share of them the tests kill."""
     from bench.readme import machine
 
+    if not (results / "mutation.json").is_file():
+        return "No run recorded yet: `python -m bench mutation` writes `bench/results/mutation.json` and this table."
     result = json.loads((results / "mutation.json").read_text())
     lines = [
         f"Measured by `python -m bench mutation` (mutmut, {result['children']} children) on "
