@@ -160,6 +160,7 @@ def scores(result: dict) -> dict[str, dict]:
             "checked": checked,
             "killed": killed,
             "equivalent": equivalent,
+            "unchecked": counts.get("not checked", 0),  # a stopped run's: its score is over the rest only
             "score": killed / denominator if denominator else None,
         }
     return out
@@ -176,14 +177,15 @@ def section(results: Path) -> str:
         f"Measured by `python -m bench mutation` (mutmut, {result['children']} children) on "
         f"{machine(result['hardware'])}, `bench/results/mutation.json`; score = killed / (checked - equivalent).",
         "",
-        "| module | mutants checked | killed | equivalent | survived | score | tests at |",
-        "|---|---|---|---|---|---|---|",
+        "| module | mutants checked | not yet checked | killed | equivalent | survived | score | tests at |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for module, s in result["scores"].items():
         score = "-" if s["score"] is None else f"{100 * s['score']:.1f} %"
         survived = s["checked"] - s["killed"] - s["equivalent"]
         commit = result["modules"][module]["commit"]
-        lines.append(f"| `{module}` | {s['checked']} | {s['killed']} | {s['equivalent']} | {survived} | {score} | {commit} |")
+        cells = (f"`{module}`", s["checked"], s["unchecked"], s["killed"], s["equivalent"], survived, score, commit)
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
 
