@@ -29,6 +29,18 @@ def pytest_report_header(config) -> str:
     return f"cpu path: ATen {torch.backends.cpu.get_cpu_capability()} {caps}".rstrip()
 
 
+@pytest.fixture(autouse=True)
+def environment_unchanged():
+    """A test leaves this process's environment as it found it (monkeypatch's own changes are undone
+    before this runs): what a run set here would reach every later test's subprocesses."""
+    before = dict(os.environ)
+    yield
+    # pytest's own (the test's phase), and what sklearn/joblib set when a test first imports them
+    keys = {*before, *os.environ} - {"PYTEST_CURRENT_TEST", "KMP_INIT_AT_FORK", "KMP_DUPLICATE_LIB_OK"}
+    changed = {k: os.environ.get(k) for k in keys if before.get(k) != os.environ.get(k)}
+    assert not changed, f"the test left these variables changed: {changed}"
+
+
 def make_cfg(*overrides: str, config_name: str = "train"):
     """Compose conf/<config_name>.yaml exactly as the entry point would (no run dir)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

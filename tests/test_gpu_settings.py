@@ -22,8 +22,14 @@ def _flags() -> tuple:
     return torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
 
 
-def test_a_run_with_trainer_deterministic_sets_the_flags_and_the_next_job_clears_them(tmp_path, monkeypatch):
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+@pytest.fixture
+def no_cublas_config(monkeypatch):
+    """CUBLAS_WORKSPACE_CONFIG unset during the test, and what the test's run set removed after it."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # recorded as absent: undone by removing it
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+
+
+def test_a_run_with_trainer_deterministic_sets_the_flags_and_the_next_job_clears_them(tmp_path, no_cublas_config):
     try:
         train(make_cfg(*TINY, "trainer.deterministic=true", "trainer.max_steps=2"), tmp_path / "a")
         assert _flags() == (True, True, False)
@@ -35,7 +41,7 @@ def test_a_run_with_trainer_deterministic_sets_the_flags_and_the_next_job_clears
         set_kernels(False, torch.device("cpu"))
 
 
-def test_cuda_times_cudnn_kernels_unless_deterministic():
+def test_cuda_times_cudnn_kernels_unless_deterministic(no_cublas_config):
     try:
         set_kernels(False, CUDA)  # sets flags only: no CUDA call
         assert _flags() == (False, False, True)

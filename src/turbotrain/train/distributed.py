@@ -202,12 +202,12 @@ def launch(dist_cfg, run_dir: Path, overrides: list[str], requeue_signals: tuple
         signals_to_handle="SIGINT,SIGHUP,SIGQUIT",  # torch's list without SIGTERM: _stop_once has it
     )
     args = [os.path.abspath(sys.argv[0]), *overrides, f"hydra.run.dir={run_dir}"]
-    os.environ[SELF_LAUNCHED] = "1"  # workers inherit it: their run dir is already agreed
+    env = {SELF_LAUNCHED: "1"}  # their run dir is already agreed
     # as torchrun does: N workers x all-cores thread pools oversubscribe the CPU (2-4x slower steps)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dist_cfg.nproc)))
+    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dist_cfg.nproc)))
     log.info("launching %d DDP workers (elastic launcher, c10d rendezvous) into %s", dist_cfg.nproc, run_dir)
     try:
-        with _stop_once(SignalException, (signal.SIGTERM, *requeue_signals)):
+        with _stop_once(SignalException, (signal.SIGTERM, *requeue_signals)), _workers_env(env):
             elastic_launch(config, sys.executable)(*args)
     except SignalException as e:  # the agent has passed the signal on; the workers saved last.pt
         raise Preempted(e.sigval, f"stopped by {e.sigval.name}; {resume_hint(run_dir)}") from e
@@ -220,6 +220,20 @@ def launch(dist_cfg, run_dir: Path, overrides: list[str], requeue_signals: tuple
         killed = failure.exitcode is not None and failure.exitcode < 0
         reason = f"killed by signal {-failure.exitcode}" if killed else f"exit code {failure.exitcode}"
         raise LaunchError(f"DDP worker rank {rank} failed ({reason}); see {run_dir}/train.log") from e
+
+
+@contextlib.contextmanager
+def _workers_env(env: dict[str, str]) -> Iterator[None]:
+    """The workers inherit this process's environment, and only they may see `env` (and what the
+    elastic launcher sets, TORCHELASTIC_SIGNALS_TO_HANDLE): a caller that launches again, or starts
+    torchrun, from this process afterwards is no worker."""
+    before = dict(os.environ)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
 
 
 @contextlib.contextmanager
