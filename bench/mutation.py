@@ -105,7 +105,10 @@ def run(*modules: str, children: int = 2) -> Path:
     _configure(work, modules)
     _forget_survivors(work, modules)
     t0 = time.perf_counter()
-    subprocess.run(["mutmut", "run", "--max-children", str(children)], cwd=work, stdout=subprocess.DEVNULL, check=False)
+    with open(WORK / "mutmut.log", "w") as log:  # its progress, and why a clean-test pass failed
+        done = subprocess.run(["mutmut", "run", "--max-children", str(children)], cwd=work, stdout=log, stderr=log, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"mutmut run failed (exit {done.returncode}); its output: {WORK / 'mutmut.log'}")
     return collect(modules, seconds=time.perf_counter() - t0, children=children)
 
 
