@@ -85,6 +85,29 @@ def test_sliding_window_run_with_extended_positions(tmp_path):
     assert ckpt["model"]["bert.embeddings.position_embeddings.weight"].shape[0] == 640
 
 
+def test_frozen_embeddings_and_lowest_block_stay_as_loaded(tmp_path):
+    texts = tmp_path / "texts.csv"
+    rows = [f"a story about {w} number {i},{w}" for i in range(16) for w in ("cats", "ships")]
+    texts.write_text("\n".join(["text,label", *rows]))
+    data = ("data=text_files", f"data.train_path={texts}", f"data.val_path={texts}", "data.max_length=16")
+    frozen = ("model=minilm", "model.freeze_embeddings=true", "model.frozen_layers=1")
+    cfg = make_cfg(*TEXT[1:], *data, *frozen, "trainer.max_steps=2", "trainer.max_epochs=1")
+    train(cfg, tmp_path / "run")
+    trained = load(tmp_path / "run" / "checkpoints" / "last.pt")["model"]
+    tokenizer = build_tokenizer_for(cfg.model, 16)
+    loaded = build_for(cfg.model, build_data(cfg.data, tokenizer), tokenizer, 16).state_dict()
+    changed = {k for k, v in loaded.items() if not torch.equal(v, trained[k])}
+    blocks = {k.split(".")[3] for k in changed if k.startswith("bert.encoder.layer.")}
+    assert "bert.embeddings.word_embeddings.weight" not in changed
+    assert blocks == {str(i) for i in range(1, 6)}  # MiniLM-L6: block 0 kept, the 5 above it trained
+    assert "bert.embeddings.position_embeddings.weight" in changed  # only the token embeddings are frozen
+
+
+def test_frozen_layers_beyond_the_model_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="model.frozen_layers=3: the model has 2 transformer blocks"):
+        train(make_cfg(*TEXT, "model.frozen_layers=3", "trainer.max_steps=1"), tmp_path)
+
+
 @pytest.mark.slow  # real processes, ~20-50 s on a 2-core CPU: `python -m pytest -m slow`
 def test_text_files_skip_bad_rows_and_export_int8(tmp_path):
     train_csv, val_csv = tmp_path / "train.csv", tmp_path / "val.csv"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from turbotrain.core.schema import ConfigError
+from turbotrain.core.schema import NON_NEGATIVE, ConfigError, setting
 from turbotrain.models.attention.options import extend_positions
 from turbotrain.models.catalog import MODELS, ModelConfig, Shape
 
@@ -19,6 +19,11 @@ log = logging.getLogger("turbotrain")
 @dataclass
 class TextModelConfig(ModelConfig):
     path: str | None = None  # a hub name (online) or a local folder; minilm and bert_tiny need none
+    # keep the token embeddings as loaded: their gradient and optimizer update cover the whole
+    # vocabulary (half of MiniLM's weights) while a batch uses a few hundred tokens of it
+    freeze_embeddings: bool = setting(False, numeric=True)
+    # keep the lowest N transformer blocks as loaded: backward stops above them
+    frozen_layers: int = setting(0, bound=NON_NEGATIVE, numeric=True)
 
 
 def model_path(model_cfg) -> str:
@@ -63,7 +68,7 @@ def bert_tiny(model_cfg, shape: Shape) -> nn.Module:
         max_position_embeddings=512,
         num_labels=shape.num_classes,
     )
-    return _fit_length(BertForSequenceClassification(config), shape.max_length)
+    return _freeze(_fit_length(BertForSequenceClassification(config), shape.max_length), model_cfg)
 
 
 @MODELS.register("minilm", TextModelConfig, kind="text", tokenizer=build_tokenizer, source=model_path)
@@ -76,7 +81,30 @@ def pretrained(model_cfg, shape: Shape) -> nn.Module:
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=shape.num_classes)
     except Exception as e:
         raise ConfigError(f"model.path={path}: could not load the model ({type(e).__name__}: {e})") from e
-    return _fit_length(model, shape.max_length)
+    return _freeze(_fit_length(model, shape.max_length), model_cfg)
+
+
+def _freeze(model: nn.Module, model_cfg) -> nn.Module:
+    """model.freeze_embeddings and model.frozen_layers: those weights stop requiring gradients
+    (the optimizer takes only the ones that do)."""
+    if model_cfg.freeze_embeddings:
+        model.get_input_embeddings().requires_grad_(False)
+    if model_cfg.frozen_layers:
+        blocks = _blocks(model)
+        if model_cfg.frozen_layers > len(blocks):
+            raise ConfigError(f"model.frozen_layers={model_cfg.frozen_layers}: the model has {len(blocks)} transformer blocks")
+        for block in blocks[: model_cfg.frozen_layers]:
+            block.requires_grad_(False)
+    return model
+
+
+def _blocks(model: nn.Module) -> nn.ModuleList:
+    """The transformer blocks, bottom first: the module list as long as the config's layer count."""
+    n = getattr(model.config, "num_hidden_layers", None)
+    found = next((m for m in model.base_model.modules() if isinstance(m, nn.ModuleList) and len(m) == n), None)
+    if found is None:
+        raise ConfigError(f"model.frozen_layers: found no list of {n} transformer blocks in {type(model).__name__}")
+    return found
 
 
 def _fit_length(model: nn.Module, max_length: int) -> nn.Module:
