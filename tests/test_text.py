@@ -65,6 +65,30 @@ def test_length_bucketing_is_a_seeded_permutation_with_little_padding():
     assert _padding(ranks[1], lengths, 32) < 0.1 * _padding(list(plain)[1::2], lengths, 32)
 
 
+def test_validation_with_bucketing_runs_longest_first_on_every_rank():
+    lengths = torch.randint(3, 64, (2001,), generator=torch.Generator().manual_seed(0)).tolist()
+    ranks = [list(EpochSampler(2001, 0, shuffle=False, rank=r, world_size=2, pad=False, lengths=lengths)) for r in (0, 1)]
+    assert sorted(ranks[0] + ranks[1]) == list(range(2001))  # every sample once, none twice
+    for order in ranks:
+        assert [lengths[j] for j in order] == sorted((lengths[j] for j in order), reverse=True)
+    natural = list(EpochSampler(2001, 0, shuffle=False, pad=False))
+    assert _padding(ranks[0], lengths, 64) < 0.1 * _padding(natural[0::2], lengths, 64)
+
+
+def test_a_bucketed_run_validates_longest_first(tmp_path):
+    from turbotrain.train.build import build
+    from turbotrain.train.distributed import DistInfo
+    from turbotrain.train.preemption import StopFlag
+
+    texts = tmp_path / "texts.csv"
+    rows = [f"{' '.join(['word'] * (i % 7 + 1))} about {w},{w}" for i in range(30) for w in ("cats", "ships")]
+    texts.write_text("\n".join(["text,label", *rows]))
+    data = ("data=text_files", f"data.train_path={texts}", f"data.val_path={texts}", "data.batch_size=4")
+    parts = build(make_cfg(*TEXT[1:], *data, "data.bucket_by_length=true"), DistInfo(), torch.device("cpu"), StopFlag())
+    lengths = [parts.data.val.lengths()[j] for j in parts.loaders.val.sampler]
+    assert len(lengths) == 60 and lengths == sorted(lengths, reverse=True) and lengths[0] > lengths[-1]
+
+
 def test_length_bucketing_is_for_text(tmp_path):
     with pytest.raises(ConfigError, match="data.bucket_by_length=true applies to text data"):
         train(make_cfg("data=digits", "data.bucket_by_length=true", "trainer.max_epochs=1"), tmp_path)

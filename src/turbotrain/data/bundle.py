@@ -25,7 +25,7 @@ class DataCommon:
     batch_size: int = setting(128, bound=POSITIVE)  # samples per training batch, per process under DDP
     eval_batch_size: int | None = setting(None, bound=POSITIVE, numeric=False)  # None: twice batch_size
     on_bad_sample: str = setting("skip", choices=("skip", "error"))  # skip: count + warn, naming files
-    bucket_by_length: bool = False  # text: batches of similar-length texts (less padding); order still seeded
+    bucket_by_length: bool = False  # text: batches of similar-length texts (less padding; seeded order), validation longest first
     # images: whole training batches mixed on the device after augmentation (soft targets); 0 = off,
     # both > 0: each batch takes one of the two at random
     mixup_alpha: float = setting(0.0, bound=NON_NEGATIVE)

@@ -36,7 +36,8 @@ class EpochSampler(Sampler[int]):
     depend on what ran before it, and can start `start` samples into the epoch
     (mid-epoch resume). Rank-aware: rank r of w takes every w-th index of the
     (padded) permutation, like DistributedSampler. With `lengths` (text), batches of
-    `batch_size` are formed from samples of similar length (see bucket_by_length)."""
+    `batch_size` are formed from samples of similar length (see bucket_by_length); unshuffled,
+    the samples come longest first."""
 
     def __init__(
         self,
@@ -63,6 +64,8 @@ class EpochSampler(Sampler[int]):
             order = torch.randperm(self.n, generator=g).tolist()
             if self.lengths is not None:  # a global batch = batch_size from each rank, strided
                 order = bucket_by_length(order, self.lengths, self.batch_size * self.world_size, g)
+        elif self.lengths is not None:  # evaluation: longest first, so each batch pads to little
+            order = sorted(range(self.n), key=lambda j: -self.lengths[j])
         else:
             order = list(range(self.n))
         if self.pad:  # equal shards (training: every rank takes the same number of steps)

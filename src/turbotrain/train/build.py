@@ -165,7 +165,10 @@ def _loaders(cfg, data: DataBundle, info: dist.DistInfo, device: torch.device) -
     train = build_loader(
         data.train, batch_size=batch, sampler=sampler, train=True, epoch_seed=epoch_seed, on_device=data.train_on_device, **common
     )
-    val_sampler = EpochSampler(len(data.val), 0, shuffle=False, rank=info.rank, world_size=info.world_size, pad=False)
+    val_lengths = data.val.lengths() if cfg.data.bucket_by_length else None
+    val_sampler = EpochSampler(
+        len(data.val), 0, shuffle=False, rank=info.rank, world_size=info.world_size, pad=False, lengths=val_lengths
+    )
     val = build_loader(data.val, batch_size=cfg.data.eval_batch_size or 2 * batch, sampler=val_sampler, train=False, **common)
     return Loaders(sampler, epoch_seed, train, val, batches_in_epoch, steps_per_epoch, total_steps)
 
