@@ -127,6 +127,26 @@ def test_frozen_embeddings_and_lowest_block_stay_as_loaded(tmp_path):
     assert "bert.embeddings.position_embeddings.weight" in changed  # only the token embeddings are frozen
 
 
+@pytest.mark.parametrize("dropout", [None, 0.0])
+def test_model_dropout_reaches_every_dropout_of_a_text_model_but_attention(dropout):
+    from omegaconf import OmegaConf
+
+    from turbotrain.models.attention.options import apply_attention
+
+    cfg = make_cfg(*TEXT, "data.max_length=16", "attention.dropout=0", *([] if dropout is None else [f"model.dropout={dropout}"]))
+    tokenizer = build_tokenizer_for(cfg.model, 16)
+    model = build_for(cfg.model, OmegaConf.create({"kind": "text", "num_classes": 6, "in_channels": 0}), tokenizer, 16)
+    apply_attention(model, cfg.attention)
+    batch = tokenizer(["a small dog", "an old ship that sails"], padding=True, return_tensors="pt")
+    model.train()
+    torch.manual_seed(0)
+    first = model(**batch).logits
+    second = model(**batch).logits
+    # train-mode forwards agree only when no dropout is left: the hidden states', the embeddings'
+    # and the classifier's follow model.dropout, the attention probabilities' attention.dropout
+    assert torch.equal(first, second) == (dropout == 0.0)
+
+
 def test_frozen_layers_beyond_the_model_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="model.frozen_layers=3: the model has 2 transformer blocks"):
         train(make_cfg(*TEXT, "model.frozen_layers=3", "trainer.max_steps=1"), tmp_path)

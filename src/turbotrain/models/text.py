@@ -68,7 +68,7 @@ def bert_tiny(model_cfg, shape: Shape) -> nn.Module:
         max_position_embeddings=512,
         num_labels=shape.num_classes,
     )
-    return _freeze(_fit_length(BertForSequenceClassification(config), shape.max_length), model_cfg)
+    return _configured(_fit_length(BertForSequenceClassification(config), shape.max_length), model_cfg)
 
 
 @MODELS.register("minilm", TextModelConfig, kind="text", tokenizer=build_tokenizer, source=model_path)
@@ -81,12 +81,19 @@ def pretrained(model_cfg, shape: Shape) -> nn.Module:
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=shape.num_classes)
     except Exception as e:
         raise ConfigError(f"model.path={path}: could not load the model ({type(e).__name__}: {e})") from e
-    return _freeze(_fit_length(model, shape.max_length), model_cfg)
+    return _configured(_fit_length(model, shape.max_length), model_cfg)
 
 
-def _freeze(model: nn.Module, model_cfg) -> nn.Module:
-    """model.freeze_embeddings and model.frozen_layers: those weights stop requiring gradients
-    (the optimizer takes only the ones that do)."""
+def _configured(model: nn.Module, model_cfg) -> nn.Module:
+    """model.dropout, model.freeze_embeddings and model.frozen_layers applied."""
+    if model_cfg.dropout is not None:
+        _set_dropout(model, model_cfg.dropout)
+    _freeze(model, model_cfg)
+    return model
+
+
+def _freeze(model: nn.Module, model_cfg) -> None:
+    """The frozen weights stop requiring gradients (the optimizer takes only the ones that do)."""
     if model_cfg.freeze_embeddings:
         model.get_input_embeddings().requires_grad_(False)
     if model_cfg.frozen_layers:
@@ -95,7 +102,14 @@ def _freeze(model: nn.Module, model_cfg) -> nn.Module:
             raise ConfigError(f"model.frozen_layers={model_cfg.frozen_layers}: the model has {len(blocks)} transformer blocks")
         for block in blocks[: model_cfg.frozen_layers]:
             block.requires_grad_(False)
-    return model
+
+
+def _set_dropout(model: nn.Module, p: float) -> None:
+    """Every dropout but the attention probabilities' (attention.dropout sets those): the hidden
+    states', the embeddings' and the classifier's."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Dropout) and not name.endswith("attention.self.dropout"):
+            m.p = p
 
 
 def _blocks(model: nn.Module) -> nn.ModuleList:
