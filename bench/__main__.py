@@ -36,6 +36,7 @@ BENCHES = {  # CPU sizes: minutes each on 2 cores
     "overhead": ("overhead", "run", {}),
     "skip_sync": ("skip_sync", "run", {}),
     "time_to_accuracy": ("time_to_accuracy", "run", {}),  # ~25
+    "time_to_accuracy_text": ("time_to_accuracy", "run", {"task": "text"}),  # ~60
     "data_scale": ("data_scale", "run", {}),  # ~40, most of it writing the trees and their copies once
     "cache_index": ("cache_index", "run", {}),  # ~3
 }

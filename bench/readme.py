@@ -22,7 +22,7 @@ RESULTS, README, ASSETS = ROOT / "bench" / "results", ROOT / "README.md", ROOT /
 REFERENCE = ROOT / "docs" / "reference.md"  # the configuration reference, generated from the schemas
 # (result file, row): the README's headline rows, one per thing a newcomer asks first
 HEADLINE = (
-    ("time_to_accuracy.json", 0),
+    ("time_to_accuracy_bf16.json", 0),
     ("inference.json", 1),
     ("inference.json", 0),
     ("inference.json", 2),
@@ -163,6 +163,12 @@ def time_to_accuracy(results: Path) -> str:
     return importlib.import_module("bench.time_to_accuracy").section(results)
 
 
+def time_to_accuracy_text(results: Path) -> str:
+    import importlib
+
+    return importlib.import_module("bench.time_to_accuracy").section(results, "text")
+
+
 def data_scale(results: Path) -> str:
     import importlib
 
@@ -198,6 +204,7 @@ SECTIONS: dict[str, Callable[[Path], str]] = {
     "headline": headline,
     "recipes": recipes,
     "time_to_accuracy": time_to_accuracy,
+    "time_to_accuracy_text": time_to_accuracy_text,
     "data_scale": data_scale,
     "cache_index": cache_index,
     "comparisons": comparisons,
@@ -206,7 +213,7 @@ SECTIONS: dict[str, Callable[[Path], str]] = {
 # page -> the sections it holds
 PAGES = {
     "README.md": ("headline",),
-    "docs/recipes.md": ("recipes", "time_to_accuracy"),
+    "docs/recipes.md": ("recipes", "time_to_accuracy", "time_to_accuracy_text"),
     "docs/data.md": ("data_scale", "cache_index"),
     "docs/benchmarks.md": ("comparisons", "mutation"),
 }
