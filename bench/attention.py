@@ -44,11 +44,11 @@ def measure(attention: dict, length: int, dtype: str | None, steps: int = 2) -> 
     import turbotrain.options  # noqa: F401  (fills the option registries)
     from turbotrain.core.allocator import configure_malloc
     from turbotrain.models.attention.options import ATTENTION, apply_attention
-    from turbotrain.models.text import build_text_model
+    from turbotrain.models.text import TextModelConfig, build_text_model
 
     configure_malloc("retain")  # as a training process has it (trainer.malloc's default)
     torch.manual_seed(0)
-    model = build_text_model(OmegaConf.create({"name": "minilm"}), 6, length, vocab_size=30522)
+    model = build_text_model(OmegaConf.structured(TextModelConfig(name="minilm")), 6, length, vocab_size=30522)
     apply_attention(model, OmegaConf.merge(OmegaConf.structured(ATTENTION[attention["name"]].schema), attention))  # its defaults
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)  # as turbotrain.train.optim builds it

@@ -14,14 +14,14 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from turbotrain.compression.lowrank import factorize
 from turbotrain.models.attention.options import _hf_mask, apply_attention, extend_positions
-from turbotrain.models.text import build_text_model
+from turbotrain.models.text import TextModelConfig, build_text_model
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
 def _bert(seed=0):
     torch.manual_seed(seed)
-    model = build_text_model(OmegaConf.create({"name": "bert_tiny"}), 3, 128, vocab_size=1000)
+    model = build_text_model(OmegaConf.structured(TextModelConfig(name="bert_tiny")), 3, 128, vocab_size=1000)
     for m in model.modules():
         if isinstance(m, nn.Dropout):
             m.p = 0.0

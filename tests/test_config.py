@@ -43,6 +43,7 @@ TEXT_OPTIONS = {
     ("attention", "sliding_window"),
     ("compression", "embed_lowrank"),
     ("experiment", "wordnet_minilm"),
+    ("experiment", "wordnet_speedrun"),
 }
 
 
@@ -97,6 +98,15 @@ TEXT_SPECIFIC = {
     ("model", "bert_tiny"): lambda cfg, data, model: _layers(model) == 2,
     ("experiment", "wordnet_minilm"): lambda cfg, data, model: (
         (_layers(model), cfg.optim.name, cfg.data.bucket_by_length) == (6, "adamw", True)
+    ),
+    ("experiment", "wordnet_speedrun"): lambda cfg, data, model: (
+        (
+            model.get_input_embeddings().weight.requires_grad,
+            [next(block.parameters()).requires_grad for block in model.bert.encoder.layer],
+            {m.p for n, m in model.named_modules() if type(m).__name__ == "Dropout" and not n.endswith("self.dropout")},
+            cfg.trainer.max_steps,
+        )
+        == (False, [False, False, True, True, True, True], {0.0}, 800)
     ),
 }
 

@@ -21,9 +21,9 @@ class TextModelConfig(ModelConfig):
     path: str | None = None  # a hub name (online) or a local folder; minilm and bert_tiny need none
     # keep the token embeddings as loaded: their gradient and optimizer update cover the whole
     # vocabulary (half of MiniLM's weights) while a batch uses a few hundred tokens of it
-    freeze_embeddings: bool = setting(False, numeric=True)
+    freeze_embeddings: bool = False
     # keep the lowest N transformer blocks as loaded: backward stops above them
-    frozen_layers: int = setting(0, bound=NON_NEGATIVE, numeric=True)
+    frozen_layers: int = setting(0, bound=NON_NEGATIVE)
 
 
 def model_path(model_cfg) -> str:
