@@ -14,7 +14,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import train_py, write
@@ -24,8 +24,9 @@ from bench.readme import ASSETS
 @dataclass(frozen=True)
 class Task:
     """A recipe family: its result file, its target, the recipes (name -> train.py overrides,
-    seeds; the first is the 1.00x every ratio is against) and the ablation of its speedrun
-    (technique -> the override that removes it)."""
+    seeds; the first is the 1.00x every ratio is against), the ablation of its speedrun
+    (technique -> the override that removes it) and its trials (a technique the speedrun does
+    not use -> the override that adds it)."""
 
     result: str  # bench/results/<result>.json, docs/assets/<result>.png
     metric: str  # what the top-1 is measured on
@@ -34,7 +35,8 @@ class Task:
     recipes: dict[str, tuple[list[str], int]]
     speedrun: str
     ablation: dict[str, str]
-    ablation_seeds: int = 2
+    trials: dict[str, str] = field(default_factory=dict)
+    ablation_seeds: int = 2  # the ablation's and the trials'
 
 
 PATHS = ("bf16", "fp32")  # bf16 autocast where the CPU has native bf16, else fp32
@@ -55,6 +57,12 @@ TASKS = {
             "linear (triangular) one-cycle annealing, not cosine": "sched.anneal_strategy=cos",
             "Nesterov momentum": "optim.nesterov=false",
             "bf16 autocast (where the CPU has it)": "precision=fp32",
+        },
+        {
+            "normalization layers at 64x the learning rate": "optim.norm_lr_scale=64",
+            "identity (Dirac) start of each block's first channels": "model.dirac=true",
+            "multi-crop TTA (flip and 1-px shifts: 6 views)": "trainer.tta=flip_shift",
+            "weight average (EMA, decay 0.99) for evaluation": "trainer.ema_decay=0.99",
         },
     ),
     "text": Task(
@@ -98,23 +106,25 @@ def time_to(run: dict, target: float) -> float | None:
 def run(task: str = "images") -> Path:
     t = TASKS[task]
     results: dict[str, list[dict]] = {name: [] for name in t.recipes}
-    ablation: dict[str, list[dict]] = {name: [] for name in t.ablation}
+    changed: dict[str, dict[str, list[dict]]] = {"ablation": {n: [] for n in t.ablation}, "trials": {n: [] for n in t.trials}}
     for seed in range(max(seeds for _, seeds in t.recipes.values())):
         for name, (overrides, seeds) in t.recipes.items():
             if seed < seeds:
                 print(f"time_to_accuracy: {name} seed {seed} ...", flush=True)
                 results[name].append(timed_run(overrides, seed))
-        for name, override in t.ablation.items():
-            if seed < t.ablation_seeds:
-                print(f"time_to_accuracy: {t.speedrun} without {name} seed {seed} ...", flush=True)
-                ablation[name].append(timed_run([*t.recipes[t.speedrun][0], override], seed))
+        for kind, overrides in (("ablation", t.ablation), ("trials", t.trials)):
+            for name, override in overrides.items():
+                if seed < t.ablation_seeds:
+                    print(f"time_to_accuracy: {t.speedrun} {override} seed {seed} ...", flush=True)
+                    changed[kind][name].append(timed_run([*t.recipes[t.speedrun][0], override], seed))
     baseline, path = next(iter(t.recipes)), _path(results[t.speedrun])
     payload = {
         "task": task,
         "target": t.target,
         "long_target": t.long_target,
         "recipes": {n: {"overrides": t.recipes[n][0], "runs": r} for n, r in results.items()},
-        "ablation": {n: {"override": t.ablation[n], "runs": r} for n, r in ablation.items()},
+        "ablation": {n: {"override": t.ablation[n], "runs": r} for n, r in changed["ablation"].items()},
+        "trials": {n: {"override": t.trials[n], "runs": r} for n, r in changed["trials"].items()},
         "rows": [{"what": f"time to >= {t.target:.1%} top-1 on the {t.metric} ({path}): {t.speedrun} vs {baseline}", "seed": ""}],
     }
     draw(payload, ASSETS / f"{t.result}_{path}.png")
@@ -188,22 +198,24 @@ def _tables(path: Path, t: Task) -> str:
             f"| {command} | {s['wall_s']:.1f} s | {per_seed} | {s['mean']:.2%} ({s['min']:.2%}) | "
             f"{s['wall_s'] / baseline['wall_s']:.2f}x |"
         )
-    return "\n".join([*lines, *_ablation(result, t), "", f"![top-1 against wall time](assets/{path.stem}.png)"])
+    changes = [*_changes(result, t, "ablation", "removed"), *_changes(result, t, "trials", "added")]
+    return "\n".join([*lines, *changes, "", f"![top-1 against wall time](assets/{path.stem}.png)"])
 
 
-def _ablation(result: dict, t: Task) -> list[str]:
-    if not result["ablation"]:
+def _changes(result: dict, t: Task, kind: str, verb: str) -> list[str]:
+    """The table of the speedrun with one technique `verb` (removed: the ablation; added: the trials)."""
+    if not result.get(kind):
         return []
     speedrun, target = result["recipes"][t.speedrun]["runs"], result["target"]
     lines = [
         "",
-        f"`{t.speedrun}` with one technique removed ({t.ablation_seeds} seeds each; the recipe's own figures are "
+        f"`{t.speedrun}` with one technique {verb} ({t.ablation_seeds} seeds each; the recipe's own figures are "
         f"those seeds' runs above):",
         "",
-        f"| removed | override | median wall time | time to {target:.1%} | mean top-1 | top-1 vs {t.speedrun} |",
+        f"| {verb} | override | median wall time | time to {target:.1%} | mean top-1 | top-1 vs {t.speedrun} |",
         "|---|---|---|---|---|---|",
     ]
-    for name, entry in result["ablation"].items():
+    for name, entry in result[kind].items():
         runs = entry["runs"]
         base = statistics.mean(r["acc1"] for r in speedrun if r["seed"] in {a["seed"] for a in runs})
         s = summary(runs)
