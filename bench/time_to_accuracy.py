@@ -39,6 +39,7 @@ class Task:
     ablation_seeds: int = 2  # the ablation's and the trials'
 
 
+CHANGES = {"ablation": "removed", "trials": "added"}  # the Task's fields of one-technique changes to the speedrun
 PATHS = ("bf16", "fp32")  # bf16 autocast where the CPU has native bf16, else fp32
 TASKS = {
     "images": Task(
@@ -106,14 +107,14 @@ def time_to(run: dict, target: float) -> float | None:
 def run(task: str = "images") -> Path:
     t = TASKS[task]
     results: dict[str, list[dict]] = {name: [] for name in t.recipes}
-    changed: dict[str, dict[str, list[dict]]] = {"ablation": {n: [] for n in t.ablation}, "trials": {n: [] for n in t.trials}}
+    changed: dict[str, dict[str, list[dict]]] = {kind: {n: [] for n in getattr(t, kind)} for kind in CHANGES}
     for seed in range(max(seeds for _, seeds in t.recipes.values())):
         for name, (overrides, seeds) in t.recipes.items():
             if seed < seeds:
                 print(f"time_to_accuracy: {name} seed {seed} ...", flush=True)
                 results[name].append(timed_run(overrides, seed))
-        for kind, overrides in (("ablation", t.ablation), ("trials", t.trials)):
-            for name, override in overrides.items():
+        for kind in CHANGES:
+            for name, override in getattr(t, kind).items():
                 if seed < t.ablation_seeds:
                     print(f"time_to_accuracy: {t.speedrun} {override} seed {seed} ...", flush=True)
                     changed[kind][name].append(timed_run([*t.recipes[t.speedrun][0], override], seed))
@@ -123,8 +124,7 @@ def run(task: str = "images") -> Path:
         "target": t.target,
         "long_target": t.long_target,
         "recipes": {n: {"overrides": t.recipes[n][0], "runs": r} for n, r in results.items()},
-        "ablation": {n: {"override": t.ablation[n], "runs": r} for n, r in changed["ablation"].items()},
-        "trials": {n: {"override": t.trials[n], "runs": r} for n, r in changed["trials"].items()},
+        **{kind: {n: {"override": getattr(t, kind)[n], "runs": r} for n, r in runs.items()} for kind, runs in changed.items()},
         "rows": [{"what": f"time to >= {t.target:.1%} top-1 on the {t.metric} ({path}): {t.speedrun} vs {baseline}", "seed": ""}],
     }
     draw(payload, ASSETS / f"{t.result}_{path}.png")
@@ -171,7 +171,7 @@ def section(results: Path, task: str = "images") -> str:
     """A task's time-to-accuracy tables, one set per precision path measured, computed from the
     runs in its result files."""
     t = TASKS[task]
-    paths = [results / f"{t.result}_{path}.json" for path in PATHS if (results / f"{t.result}_{path}.json").is_file()]
+    paths = [p for p in (results / f"{t.result}_{path}.json" for path in PATHS) if p.is_file()]
     if not paths:
         return f"No run recorded yet: `python -m bench {t.result}` writes `bench/results/{t.result}_<path>.json` and the tables."
     return "\n\n".join(_tables(path, t) for path in paths)
@@ -198,7 +198,7 @@ def _tables(path: Path, t: Task) -> str:
             f"| {command} | {s['wall_s']:.1f} s | {per_seed} | {s['mean']:.2%} ({s['min']:.2%}) | "
             f"{s['wall_s'] / baseline['wall_s']:.2f}x |"
         )
-    changes = [*_changes(result, t, "ablation", "removed"), *_changes(result, t, "trials", "added")]
+    changes = [line for kind, verb in CHANGES.items() for line in _changes(result, t, kind, verb)]
     return "\n".join([*lines, *changes, "", f"![top-1 against wall time](assets/{path.stem}.png)"])
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from turbotrain.core.schema import NON_NEGATIVE, ConfigError, setting
-from turbotrain.models.attention.options import extend_positions
+from turbotrain.models.attention.options import ATTENTION_DROPOUT, extend_positions
 from turbotrain.models.catalog import MODELS, ModelConfig, Shape
 
 log = logging.getLogger("turbotrain")
@@ -87,7 +87,7 @@ def pretrained(model_cfg, shape: Shape) -> nn.Module:
 def _configured(model: nn.Module, model_cfg) -> nn.Module:
     """model.dropout, model.freeze_embeddings and model.frozen_layers applied."""
     if model_cfg.dropout is not None:
-        _set_dropout(model, model_cfg.dropout)
+        _set_hidden_dropout(model, model_cfg.dropout)
     _freeze(model, model_cfg)
     return model
 
@@ -104,11 +104,11 @@ def _freeze(model: nn.Module, model_cfg) -> None:
             block.requires_grad_(False)
 
 
-def _set_dropout(model: nn.Module, p: float) -> None:
+def _set_hidden_dropout(model: nn.Module, p: float) -> None:
     """Every dropout but the attention probabilities' (attention.dropout sets those): the hidden
     states', the embeddings' and the classifier's."""
     for name, m in model.named_modules():
-        if isinstance(m, nn.Dropout) and not name.endswith("attention.self.dropout"):
+        if isinstance(m, nn.Dropout) and not name.endswith(ATTENTION_DROPOUT):
             m.p = p
 
 

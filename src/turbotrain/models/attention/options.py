@@ -128,11 +128,14 @@ def apply_attention(model: nn.Module, attention_cfg, kind: str = "text") -> dict
     return changed
 
 
+ATTENTION_DROPOUT = "attention.self.dropout"  # the name ending of the attention probabilities' dropout
+
+
 def _set_dropout(model: nn.Module, p: float) -> int:
     model.config.attention_probs_dropout_prob = p
     n = 0
     for name, m in model.named_modules():
-        if isinstance(m, nn.Dropout) and name.endswith("attention.self.dropout"):
+        if isinstance(m, nn.Dropout) and name.endswith(ATTENTION_DROPOUT):
             m.p = p
             n += 1
     return n
