@@ -3,6 +3,9 @@ augmentation per batch must give exactly the per-sample path's batches."""
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 import torch
 from torchvision import tv_tensors
@@ -89,3 +92,33 @@ def test_cached_batches_are_the_per_sample_batches_of_the_jpeg_files(jpeg_tree, 
     for (xc, yc), (xs, ys) in zip(cached, per_sample, strict=True):
         assert torch.equal(yc, ys)
         torch.testing.assert_close(xc, xs, atol=1e-6, rtol=0)  # normalized per batch vs per sample
+
+
+def _draws() -> tuple[list[int], list[float]]:
+    return np.random.randint(0, 2**31, size=4).tolist(), [random.random() for _ in range(4)]
+
+
+def test_each_worker_seeds_numpy_and_random_from_its_torch_seed():
+    """A worker's numpy and random streams (user augmentations draw from them) follow the seed
+    torch gives that worker (the loader's base seed + worker id, a 64-bit number): the same seed
+    repeats them, another worker's seed changes them."""
+    cfg = make_cfg("loader.num_workers=1")
+    loader = build_loader(
+        torch.arange(8),
+        batch_size=4,
+        sampler=None,
+        loader_cfg=cfg.loader,
+        device=torch.device("cpu"),
+        train=True,
+        epoch_seed=None,
+        collate_fn=None,
+    )
+    seeded = []
+    for worker, torch_seed in enumerate((2**40 + 5, 2**40 + 6)):
+        torch.manual_seed(torch_seed)  # as torch does in worker `worker` before calling the hook
+        loader.worker_init_fn(worker)
+        seeded.append(_draws())
+        np.random.seed(torch_seed % 2**32)
+        random.seed(torch_seed % 2**32)
+        assert seeded[-1] == _draws()
+    assert seeded[0] != seeded[1]

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,24 @@ def test_shards_round_trip_the_tree_and_read_back_in_webdatasets_own_reader(jpeg
             assert torch.equal(read(source.encoded(i)), read(path))  # the pixels, decoded
     every = sorted(os.path.relpath(p, jpeg_tree / "train") for p, _ in reference.samples)
     assert sorted(json.loads(s["json"])["path"] for s in theirs) == every  # each file once
+
+
+def test_a_source_sent_to_a_worker_opens_its_own_files(made, tmp_path):
+    """A spawned worker gets the source pickled: the parent's open descriptors mean nothing there
+    (the same numbers name other files), so the copy must open the shards itself. Emulated in
+    this process: the parent's descriptors are closed and their numbers reused by another file."""
+    source = _data("shards", made / "shards", tmp_path).train.dataset.source
+    first = bytes(source.encoded(0).numpy())
+    sent = pickle.dumps(source)
+    for fd in source._open.values():
+        os.close(fd)
+    source._open.clear()
+    other = [os.open(os.devnull, os.O_RDONLY) for _ in range(4)]  # takes the freed numbers
+    try:
+        assert bytes(pickle.loads(sent).encoded(0).numpy()) == first
+    finally:
+        for fd in other:
+            os.close(fd)
 
 
 def _sha(data: bytes) -> str:

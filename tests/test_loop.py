@@ -25,7 +25,7 @@ def _data(n: int, seed: int = 0):
     return torch.randn(n, 12, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def _run(model, x, y, *, batch_size, accum, tmp_path, overrides=(), log_every=1, optim="sgd"):
+def _run(model, x, y, *, batch_size, accum, tmp_path, overrides=(), log_every=1, optim="sgd", reduce=None):
     cfg = make_cfg(f"optim={optim}", "optim.weight_decay=0", "precision=fp32", *overrides)
     cfg.trainer.grad_accum_steps = accum
     cfg.trainer.log_every_n_steps = log_every
@@ -43,6 +43,7 @@ def _run(model, x, y, *, batch_size, accum, tmp_path, overrides=(), log_every=1,
         device=CPU,
         tracker=Tracker(tmp_path, enabled=False, logger_cfg=cfg.logger, config={}),
         batches_in_epoch=len(loader),
+        reduce=reduce,
     )
     return state
 

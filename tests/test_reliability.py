@@ -94,20 +94,40 @@ def test_stale_temps_are_those_of_dead_writers_and_a_live_writer_is_not_signalle
     process of another user (kill(pid, 0) refused) stay, and the live writer gets no signal."""
     dead = subprocess.Popen(["true"])
     dead.wait()  # reaped: its pid names no process
-    live = subprocess.Popen(["sleep", "60"])
+    # the live writer notes each signal it gets, rather than being ended by it: a signal inherited
+    # as ignored (SIGHUP under nohup) would end nothing and go unseen
+    live = subprocess.Popen([sys.executable, "-c", SIGNAL_RECORDER], stdout=subprocess.PIPE, text=True)
     names = {who: f".last.pt.tmp{pid}" for who, pid in (("dead", dead.pid), ("live", live.pid))}
     try:
+        assert live.stdout.readline() == "listening\n"
         for name in names.values():
             (tmp_path / name).write_bytes(b"partial")
         assert remove_stale_temps(tmp_path) == [names["dead"]]
         assert sorted(p.name for p in tmp_path.iterdir()) == [names["live"]]
-        time.sleep(0.2)  # a signal sent to it would have ended it by now
-        assert live.poll() is None
     finally:
-        live.kill()
-        live.wait()
+        live.send_signal(signal.SIGTERM)  # the recorder's last signal: it prints what it got and exits
+        received = live.communicate(timeout=30)[0]
+    assert received.split() == [str(int(signal.SIGTERM))], f"the live writer was signalled: {received}"
     (tmp_path / names["live"]).unlink()
     _another_users_writer_keeps_its_temp(tmp_path)
+
+
+SIGNAL_RECORDER = """
+import signal, sys, time
+got = []
+def note(signum, frame):
+    got.append(signum)
+    if signum == signal.SIGTERM:
+        print(*got, flush=True)
+        sys.exit(0)
+for s in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
+    try:
+        signal.signal(s, note)
+    except (OSError, ValueError):
+        pass
+print("listening", flush=True)
+time.sleep(60)
+"""
 
 
 def _another_users_writer_keeps_its_temp(tmp_path):

@@ -4,7 +4,9 @@ read at log steps. Host reads are counted where they happen, in the loop's own c
 
 from __future__ import annotations
 
+import functools
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,71 @@ def test_patience_is_counted_across_log_points(tmp_path):
     x[:, 0] = float("nan")
     with pytest.raises(Diverged, match="3 consecutive steps"):
         _run(_mlp(), x, y, batch_size=8, accum=1, tmp_path=tmp_path, log_every=10**6, overrides=("trainer.nan_patience=3",))
+
+
+def test_on_nan_stop_names_the_first_bad_step_after_later_good_ones(tmp_path):
+    """One non-finite loss at step 1 of 4, read at the epoch's end: the run stops there, naming
+    step 1 and its loss, though the steps after it were finite."""
+    from turbotrain.train.loop import Diverged
+
+    x, y = _data(32)
+    x[8, 0] = float("nan")
+    with pytest.raises(Diverged, match=r"^loss is nan at step 1$"):
+        _run(_mlp(), x, y, batch_size=8, accum=1, tmp_path=tmp_path, log_every=10**6, overrides=("trainer.on_nan=stop",))
+
+
+def _summed_over_two_threads():
+    """reduce(t, rank): `t` summed over two threads, in place, as DDP's all-reduce sums over ranks."""
+    barrier, slots = threading.Barrier(2, timeout=60), {}
+
+    def reduce(t: torch.Tensor, rank: int) -> torch.Tensor:
+        slots[rank] = t.clone()
+        barrier.wait()
+        total = slots[0] + slots[1]
+        barrier.wait()  # both have read the slots before either writes the next
+        return t.copy_(total)
+
+    return reduce
+
+
+def test_on_nan_stop_stops_every_rank_and_each_names_what_it_saw(tmp_path, monkeypatch):
+    """Two ranks, one of which has a non-finite loss at step 1: both stop at the epoch's end; that
+    rank names its step and loss, the other names the other rank (its own losses were finite)."""
+    from turbotrain.train.loop import Diverged
+
+    import test_loop
+
+    reduce, raised, lock = _summed_over_two_threads(), {}, threading.Lock()
+    compose = test_loop.make_cfg
+
+    def make_cfg_alone(*overrides):  # Hydra's composition is one global state: one thread at a time
+        with lock:
+            return compose(*overrides)
+
+    monkeypatch.setattr(test_loop, "make_cfg", make_cfg_alone)
+
+    def rank(r: int) -> None:
+        x, y = _data(32)
+        if r == 1:
+            x[8, 0] = float("nan")
+        try:
+            _run(
+                _mlp(),
+                x,
+                y,
+                batch_size=8,
+                accum=1,
+                tmp_path=tmp_path / str(r),
+                log_every=10**6,
+                overrides=("trainer.on_nan=stop",),
+                reduce=functools.partial(reduce, rank=r),
+            )
+        except Diverged as e:
+            raised[r] = str(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert raised == {0: "another rank's loss was not finite at step 4", 1: "loss is nan at step 1"}

@@ -70,7 +70,6 @@ class Diverged(RuntimeError):
 
     def __init__(self, step: int, reason: str):
         super().__init__(f"{reason} at step {step}")
-        self.step = step
 
 
 def to_device(batch, device: torch.device, channels_last: bool = False):
