@@ -51,6 +51,15 @@ MODULES = [
 EQUIVALENT: dict[str, str] = {
     "turbotrain.deploy.quantize.x_quantize_for__mutmut_4": "example=None: FX's prepare traces the model"
     " symbolically and never runs the example input, so the artifact is the same",
+    "turbotrain.train.loop.xǁStepǁ_note_for_stop__mutmut_22": "stop_count -= bad: the count is only read as"
+    " zero or not (summed over ranks, all of one sign), and a first bad step still sets it non-zero",
+    "turbotrain.train.resume.x__schema_default__mutmut_3": "rpartition: no config key has two dots (groups"
+    " hold no nested mappings), so both split a key at its one dot",
+    "turbotrain.train.resume.x__schema_default__mutmut_10": "the None check dropped: OmegaConf.structured(None)"
+    " is None, whose select gives the default (_ABSENT) as the check did",
+    "turbotrain.train.resume.x__schema_default__mutmut_15": "default=None: the key is then set to None in the"
+    " saved values, which read None (old.get) when it is left out",
+    "turbotrain.train.resume.x__schema_default__mutmut_18": "no default (None): as mutant 15",
 }
 KILLED = ("killed", "timeout", "segfault")  # a test failed, hung or crashed: the change was seen
 LIVED = ("survived", "no tests", "suspicious")  # no test saw it (no tests: none ran the function)

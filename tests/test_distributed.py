@@ -71,8 +71,11 @@ def test_ddp_launched_here_with_accumulation_equals_one_process_on_same_global_b
     _assert_same_weights(one, load(two / "checkpoints" / "last.pt"))
     assert best == json.loads((two / "summary.json").read_text())["best_val_acc1"]
     assert best == pytest.approx(one["metrics"]["val_acc1"], abs=1e-9)
-    with pytest.raises(ConfigError, match="trainer.resume"):  # a fresh job in a used dir: refused before any launch
-        train(make_cfg(*args), two, overrides=args)
+    with pytest.raises(ConfigError, match="continue it with trainer.resume=auto"):  # a fresh job in a used dir:
+        train(make_cfg(*args), two, overrides=args)  # refused before any launch
+    fork = (*args, f"trainer.resume={one_process_run / 'checkpoints' / 'last.pt'}")
+    with pytest.raises(ConfigError, match="starts a fork of that run.*fork into a new dir"):  # another run's
+        train(make_cfg(*fork), two, overrides=fork)  # checkpoint continued in a used dir: the same
 
 
 def test_two_process_ddp_equals_one_process_on_same_global_batch(one_process_run, tmp_path):

@@ -130,9 +130,8 @@ def _summed_over_two_threads():
 def test_on_nan_stop_stops_every_rank_and_each_names_what_it_saw(tmp_path, monkeypatch):
     """Two ranks, one of which has a non-finite loss at step 1: both stop at the epoch's end; that
     rank names its step and loss, the other names the other rank (its own losses were finite)."""
-    from turbotrain.train.loop import Diverged
-
     import test_loop
+    from turbotrain.train.loop import Diverged
 
     reduce, raised, lock = _summed_over_two_threads(), {}, threading.Lock()
     compose = test_loop.make_cfg

@@ -57,6 +57,10 @@ def test_length_bucketing_is_a_seeded_permutation_with_little_padding():
     bucketed.set_epoch(1)
     assert list(bucketed) != order  # a new order every epoch
     assert _padding(order, lengths, 32) < 0.1 * _padding(list(plain), lengths, 32)
+    # windows of 50 batches of the plain order, each cut from its longest: the last window's
+    # remainder of 16, last and dropped in training, is its 16 shortest (the fewest tokens lost)
+    last_window = sorted(list(plain)[1600:], key=lambda j: lengths[j], reverse=True)
+    assert order[-16:] == last_window[-16:]
     bucketed.set_epoch(0, start=5 * 32)  # mid-epoch resume: the rest of the same order
     assert list(bucketed) == order[5 * 32 :]
     # DDP: each rank's batches are bucketed too, and the ranks split the samples
