@@ -6,12 +6,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -292,3 +295,21 @@ def test_every_numeric_setting_is_refused_on_resume_and_the_list_is_complete():
     for group, registry in registries().items():
         flagged |= {f"{group}.{f.name}" for o in registry for f in dataclasses.fields(o.schema) if f.metadata.get("numeric")}
     assert flagged == set(REFUSED_ON_RESUME)  # a new numeric field: add it above, with a value to change it to
+
+
+def _draws() -> tuple:
+    return torch.rand(3).tolist(), np.random.normal(size=3).tolist(), [random.random() for _ in range(3)]
+
+
+def test_every_rng_continues_from_a_saved_checkpoint_as_if_never_stopped(tmp_path):
+    """torch, numpy (with a Gaussian cached: normal() draws in pairs) and Python's random, saved in
+    a real checkpoint file and loaded back, continue with the draws the uninterrupted streams make."""
+    from turbotrain.core.checkpoint import atomic_save, rng_state, set_rng_state
+
+    torch.manual_seed(3), np.random.seed(4), random.seed(5)
+    _draws()  # an odd count of normals: the state holds a cached Gaussian
+    atomic_save({"rng": rng_state()}, tmp_path / "rng.pt")
+    uninterrupted = _draws()
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)  # what the process did meanwhile
+    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True)["rng"])
+    assert _draws() == uninterrupted
