@@ -114,7 +114,7 @@ def test_each_worker_seeds_numpy_and_random_from_its_torch_seed():
         collate_fn=None,
     )
     seeded = []
-    for worker, torch_seed in enumerate((2**40 + 5, 2**40 + 6)):
+    for worker, torch_seed in enumerate((2**40 + 2**32 + 5, 2**40 + 2**32 + 6)):  # bits above 31 set, 32 too
         torch.manual_seed(torch_seed)  # as torch does in worker `worker` before calling the hook
         loader.worker_init_fn(worker)
         seeded.append(_draws())

@@ -166,6 +166,29 @@ def test_hf_images_leave_out_rows_without_a_label_and_keep_every_other_row_with_
     assert loss.item() == pytest.approx(math.log(4))
 
 
+@pytest.mark.filterwarnings("error:invalid value encountered in cast:RuntimeWarning")  # nulls read as NaN
+def test_a_split_without_a_labelled_row_adds_no_class_and_is_refused_as_empty(tmp_path):
+    """An unlabelled split (a hub dataset's test split: every label null or -1) is left out row by
+    row: it adds no class to the training split's, and a run validating on it is refused in one line."""
+    import datasets
+
+    from turbotrain.config import ConfigError
+    from turbotrain.train.run import train
+
+    rng = random.Random(3)
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int32")})
+    splits = {"train": [0, 0, 0, 0], "validation": [None, -1, None]}
+    rows = {k: {"image": [{"bytes": _jpeg(rng), "path": None} for _ in v], "label": v} for k, v in splits.items()}
+    datasets.DatasetDict({k: datasets.Dataset.from_dict(r, features=features) for k, r in rows.items()}).save_to_disk(
+        str(tmp_path / "disk")
+    )
+    cfg = make_cfg("data=hf_images", f"data.root={tmp_path / 'disk'}", "data.image_size=8", "trainer.max_epochs=1")
+    data = build_data(cfg.data)
+    assert (data.class_names, len(data.train), len(data.val), data.bad_indexed) == (["0"], 4, 0, 3)
+    with pytest.raises(ConfigError, match=r"^data=hf_images: the validation split is empty"):
+        train(cfg, tmp_path / "run")
+
+
 def test_the_image_folder_listing_labels_each_file_by_its_class_folder_and_counts_broken_links(tmp_path):
     """Upper-case extensions and nested folders are samples of their class; other files are not
     samples; a broken symlink is left out and counted; an empty .jpg stays (a bad sample when read)."""
