@@ -8,6 +8,7 @@ import io
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from torchvision import datasets as tvd
 from conftest import make_cfg, run_cli
 from turbotrain.data import build_data
 from turbotrain.data.decode import RGBReader
+from turbotrain.data.listing import class_digest
+from turbotrain.data.safe import DataError
 from turbotrain.data.shards import convert
 from turbotrain.data.tars import index_shard
 
@@ -52,6 +55,8 @@ def test_shards_round_trip_the_tree_and_read_back_in_webdatasets_own_reader(jpeg
         assert bytes(source.encoded(i).numpy()) == sample["jpg"] == Path(path).read_bytes()
         if i % 16 == 0:
             assert torch.equal(read(source.encoded(i)), read(path))  # the pixels, decoded
+    lines = {c: [f"{s['__key__']} {len(s['jpg'])}" for s in theirs if int(s["cls"]) == k] for k, c in enumerate(source.classes)}
+    assert source.class_files == {c: class_digest(lines[c]) for c in source.classes}  # what a resume compares
     every = sorted(os.path.relpath(p, jpeg_tree / "train") for p, _ in reference.samples)
     assert sorted(json.loads(s["json"])["path"] for s in theirs) == every  # each file once
 
@@ -170,6 +175,16 @@ def _insert_malformed(shard, kind: str) -> None:
     with tarfile.open(shard, "w") as tar:
         for info, data in members[:at] + extra + members[at:]:
             tar.addfile(info, io.BytesIO(data))
+
+
+def test_a_malformed_sample_stops_indexing_under_on_bad_sample_error_naming_it(made, tmp_path):
+    shards = tmp_path / "shards"
+    shutil.copytree(made / "shards", shards)
+    _insert_malformed(shards / "train-000004.tar", "wordnet_cls")
+    cache = tmp_path / "cache"
+    with pytest.raises(DataError, match=rf"^bad sample {re.escape(str(shards))}/train-000004.tar:bad: its .cls holds no integer"):
+        _data("shards", shards, cache, "data.on_bad_sample=error")
+    assert len(_data("shards", shards, cache).train.dataset.source) == 96  # skip: the 96 sound samples
 
 
 def test_three_malformed_samples_in_three_shards_cost_three_samples_counted_and_train_as_the_clean_set(made, tmp_path):
