@@ -187,6 +187,16 @@ def test_a_malformed_sample_stops_indexing_under_on_bad_sample_error_naming_it(m
     assert len(_data("shards", shards, cache).train.dataset.source) == 96  # skip: the 96 sound samples
 
 
+@pytest.mark.parametrize(
+    "url", ["s3://bucket/train-*.tar", "pipe:aws s3 cp s3://bucket/train-0.tar -", "https://host/train-0.tar"]
+)
+def test_shards_named_by_a_url_or_a_pipe_are_refused_naming_the_key(url, made, tmp_path):
+    from turbotrain.config import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^data.train_shards={re.escape(url)}: shards are read by random access"):
+        _data("shards", made / "shards", tmp_path, f"data.train_shards='{url}'")
+
+
 def test_three_malformed_samples_in_three_shards_cost_three_samples_counted_and_train_as_the_clean_set(made, tmp_path):
     """The issue's done criterion: left out at index time, the malformed samples change nothing
     else, so the run equals the clean shards' run weight for weight; summary.json counts 3."""
