@@ -197,6 +197,34 @@ def test_shards_named_by_a_url_or_a_pipe_are_refused_naming_the_key(url, made, t
         _data("shards", made / "shards", tmp_path, f"data.train_shards='{url}'")
 
 
+@pytest.mark.parametrize(
+    ("pattern", "shards"),
+    [
+        ("train-{000000..000002}.tar", [0, 1, 2]),  # a brace range of names
+        ("train-00000{3,1}*.tar", [3, 1]),  # globs within a brace list: each one's matches, in its order
+        ("train-00000[0-1].tar", [0, 1]),
+    ],
+)
+def test_a_shard_pattern_names_its_shards_in_its_order(pattern, shards, made, tmp_path):
+    source = _data("shards", made / "shards", tmp_path, f"data.train_shards='{pattern}'").train.dataset.source
+    assert source.paths == [str(made / "shards" / f"train-{n:06d}.tar") for n in shards]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "error"),
+    [
+        ("train-{000009..000010}.tar", "missing shard {root}/train-000010.tar"),
+        ("train-9*.tar", "no shard matches {root}/train-9*.tar"),
+    ],
+)
+def test_a_shard_pattern_that_names_no_file_is_refused_naming_it(pattern, error, made, tmp_path):
+    from turbotrain.config import ConfigError
+
+    message = f"data.train_shards={pattern}: " + error.format(root=made / "shards")
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        _data("shards", made / "shards", tmp_path, f"data.train_shards='{pattern}'")
+
+
 def test_three_malformed_samples_in_three_shards_cost_three_samples_counted_and_train_as_the_clean_set(made, tmp_path):
     """The issue's done criterion: left out at index time, the malformed samples change nothing
     else, so the run equals the clean shards' run weight for weight; summary.json counts 3."""
