@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import pickle
 import re
@@ -223,6 +224,29 @@ def test_a_shard_pattern_that_names_no_file_is_refused_naming_it(pattern, error,
     message = f"data.train_shards={pattern}: " + error.format(root=made / "shards")
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         _data("shards", made / "shards", tmp_path, f"data.train_shards='{pattern}'")
+
+
+def test_the_shards_fingerprint_names_their_contents(made, tmp_path):
+    """The fingerprint names a split's decoded cache: the same for the same shards (read again
+    from the saved index), another for another split or once a shard is rewritten."""
+    shards = tmp_path / "shards"
+    shutil.copytree(made / "shards", shards)
+    first = _data("shards", shards, tmp_path / "cache")
+    again = _data("shards", shards, tmp_path / "cache").train.dataset.source.fingerprint
+    _corrupt_member(shards / "train-000002.tar")
+    changed = _data("shards", shards, tmp_path / "cache").train.dataset.source.fingerprint
+    fingerprints = (first.train.dataset.source.fingerprint, again, changed, first.val.dataset.source.fingerprint)
+    assert fingerprints[0] == fingerprints[1] and len(set(fingerprints)) == 3
+
+
+def test_an_index_that_cannot_be_saved_is_named_and_the_run_goes_on(made, tmp_path, caplog):
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "index").write_text("a file where the index folder goes")
+    with caplog.at_level(logging.WARNING, logger="turbotrain"):
+        data = _data("shards", made / "shards", tmp_path / "cache")
+    assert len(data.train) == 96
+    assert sum(m.startswith("data.index: could not save the index of 10 shards: ") for m in caplog.messages) == 1
+    assert sum(m.startswith("data.index: could not save the index of 4 shards: ") for m in caplog.messages) == 1
 
 
 def test_three_malformed_samples_in_three_shards_cost_three_samples_counted_and_train_as_the_clean_set(made, tmp_path):

@@ -8,6 +8,7 @@ of a dead writer (safe to delete) from those of a live one (another run's write 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -51,8 +52,15 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
         hint = "; free some space and resume" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
         raise WriteError(f"could not write {path}: {reason} ({kept}){hint}") from e
     finally:
-        tmp.unlink(missing_ok=True)
+        _drop(tmp)
     _fsync_dir(path.parent)
+
+
+def _drop(tmp: Path) -> None:
+    """Remove a temp file if one was made: none was where the folder is a file (ENOTDIR), and
+    unlink's error would hide the write's own."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        tmp.unlink()
 
 
 def _os_error(error: BaseException | None) -> OSError | None:
@@ -76,7 +84,7 @@ def atomic_write_link(source: str | Path, path: str | Path) -> None:
         os.link(source, tmp)
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        _drop(tmp)
     _fsync_dir(path.parent)
 
 
