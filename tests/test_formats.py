@@ -24,6 +24,7 @@ import webdataset as wds
 from torchvision import datasets as tvd
 
 from conftest import make_cfg, run_cli
+from turbotrain.config import ConfigError
 from turbotrain.data import build_data
 from turbotrain.data.decode import RGBReader
 from turbotrain.data.listing import class_digest
@@ -99,8 +100,6 @@ def test_hf_images_hold_the_trees_images_and_class_labels(fmt, jpeg_tree, made, 
 
 
 def test_a_misconfigured_hf_dataset_is_refused_in_one_line_naming_the_key(made, tmp_path):
-    from turbotrain.config import ConfigError
-
     disk, empty, one = made / "disk", tmp_path / "empty", tmp_path / "one"
     empty.mkdir()
     datasets.load_from_disk(str(disk))["train"].save_to_disk(str(one))
@@ -192,8 +191,6 @@ def test_a_malformed_sample_stops_indexing_under_on_bad_sample_error_naming_it(m
     "url", ["s3://bucket/train-*.tar", "pipe:aws s3 cp s3://bucket/train-0.tar -", "https://host/train-0.tar"]
 )
 def test_shards_named_by_a_url_or_a_pipe_are_refused_naming_the_key(url, made, tmp_path):
-    from turbotrain.config import ConfigError
-
     with pytest.raises(ConfigError, match=rf"^data.train_shards={re.escape(url)}: shards are read by random access"):
         _data("shards", made / "shards", tmp_path, f"data.train_shards='{url}'")
 
@@ -219,8 +216,6 @@ def test_a_shard_pattern_names_its_shards_in_its_order(pattern, shards, made, tm
     ],
 )
 def test_a_shard_pattern_that_names_no_file_is_refused_naming_it(pattern, error, made, tmp_path):
-    from turbotrain.config import ConfigError
-
     message = f"data.train_shards={pattern}: " + error.format(root=made / "shards")
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         _data("shards", made / "shards", tmp_path, f"data.train_shards='{pattern}'")
@@ -247,6 +242,23 @@ def test_an_index_that_cannot_be_saved_is_named_and_the_run_goes_on(made, tmp_pa
     assert len(data.train) == 96
     assert sum(m.startswith("data.index: could not save the index of 10 shards: ") for m in caplog.messages) == 1
     assert sum(m.startswith("data.index: could not save the index of 4 shards: ") for m in caplog.messages) == 1
+
+
+def test_shard_classes_come_from_classes_txt_or_else_are_the_label_numbers(made, tmp_path):
+    shards = tmp_path / "shards"
+    shutil.copytree(made / "shards", shards)
+    assert _data("shards", shards, tmp_path / "c").class_names == ["china", "flower"]  # the converter's classes.txt
+    (shards / "classes.txt").write_text("china\n")  # label 1 has no name
+    message = f"data.root={shards}: label 1 in the shards, but {shards / 'classes.txt'} names 1 classes"
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        _data("shards", shards, tmp_path / "c")
+    (shards / "classes.txt").unlink()
+    assert _data("shards", shards, tmp_path / "c").class_names == ["0", "1"]
+    for split in ("train", "val"):  # shards without a sample: no class, and no crash
+        with tarfile.open(tmp_path / f"{split}-empty.tar", "w"):
+            pass
+    empty = _data("shards", tmp_path, tmp_path / "c", "data.train_shards=train-empty.tar", "data.val_shards=val-empty.tar")
+    assert (empty.class_names, len(empty.train), len(empty.val)) == ([], 0, 0)
 
 
 def test_three_malformed_samples_in_three_shards_cost_three_samples_counted_and_train_as_the_clean_set(made, tmp_path):
