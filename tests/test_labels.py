@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -116,6 +117,34 @@ def test_a_malformed_label_stops_the_run_naming_the_shard_and_key_under_on_bad_s
         index_shard(path, "error")
     keys, _, _, labels, skipped = index_shard(path, "skip")
     assert (keys, labels, skipped) == (["k0", "k2"], [1, 1], 1)  # the rest of the shard stays
+
+
+@pytest.mark.parametrize(
+    ("ext", "member", "expected"),
+    [
+        ("cls", b" 7\n", 7),
+        ("json", b'{"label": 2, "cls": 9}', 2),  # "label" first
+        ("json", b'{"cls": 4}', 4),
+        ("json", b'{"label": "5"}', 5),
+        ("json", b'{"caption": "a dog"}', "its .json holds no integer label (KeyError: 'cls')"),
+        ("json", b'{"label": true}', "its .json label True is not a non-negative integer"),
+        ("json", b'{"label": "-1"}', "its .json label '-1' is not a non-negative integer"),
+        ("json", b'{"label": 1.5}', "its .json label 1.5 is not a non-negative integer"),
+        (
+            "cls",
+            b"n01440764",
+            "its .cls holds no integer label (ValueError: invalid literal for int() with base 10: 'n01440764')",
+        ),
+    ],
+)
+def test_a_label_member_gives_its_integer_or_says_why_not(ext, member, expected):
+    from turbotrain.data.tars import BadSample, _label
+
+    if isinstance(expected, int):
+        assert _label(member, ext) == expected
+    else:
+        with pytest.raises(BadSample, match=f"^{re.escape(expected)}$"):
+            _label(member, ext)
 
 
 @pytest.mark.parametrize("label_type", ["ClassLabel", "int32"])  # int32: plain integers, as many Parquet files hold them
