@@ -6,11 +6,13 @@ its bytes and its label compared with the one written for it."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import math
 import random
 import re
+import tarfile
 
 import pytest
 import torch
@@ -117,6 +119,41 @@ def test_a_malformed_label_stops_the_run_naming_the_shard_and_key_under_on_bad_s
         index_shard(path, "error")
     keys, _, _, labels, skipped = index_shard(path, "skip")
     assert (keys, labels, skipped) == (["k0", "k2"], [1, 1], 1)  # the rest of the shard stays
+
+
+def _member(tar: tarfile.TarFile, name: str, data: bytes | None = None) -> None:
+    info = tarfile.TarInfo(name)
+    if data is None:
+        info.type = tarfile.DIRTYPE
+        tar.addfile(info)
+    else:
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+
+def test_a_tar_from_any_writer_groups_its_samples_and_a_cut_one_is_lost_alone(tmp_path):
+    """Folder entries and files without an extension (a tar of a folder by GNU tar) are passed
+    over, not the end of the shard; samples of one name in two folders are two samples. A shard
+    cut anywhere inside its last sample (its data, or right at its data's end, no padding) keeps
+    the samples before it and counts one lost."""
+    path = tmp_path / "train-000000.tar"
+    with tarfile.open(path, "w") as tar:
+        _member(tar, "a")
+        _member(tar, "README", b"photos")
+        for key, label in (("a/000", b"0"), ("b/000", b"1")):
+            _member(tar, f"{key}.jpg", b"\xff\xd8" + bytes(700))
+            _member(tar, f"{key}.cls", label)
+        _member(tar, "c/001.cls", b"1")
+        _member(tar, "c/001.jpg", b"\xff\xd8" + bytes(700))
+    with tarfile.open(path) as tar:
+        last = tar.getmembers()[-1]  # where its data lies (a writer's TarInfo does not say)
+    keys, offsets, sizes, labels, skipped = index_shard(path, "skip")
+    assert (keys, sizes, labels, skipped) == (["a/000", "b/000", "c/001"], [702] * 3, [0, 1, 1], 0)
+    whole = path.read_bytes()
+    assert whole[offsets[2] : offsets[2] + 2] == b"\xff\xd8"  # each offset is its image's
+    for cut in (last.offset_data + 100, last.offset_data + last.size):
+        path.write_bytes(whole[:cut])
+        assert index_shard(path, "skip") == (["a/000", "b/000"], offsets[:2], [702] * 2, [0, 1], 1)
 
 
 @pytest.mark.parametrize(
