@@ -63,6 +63,37 @@ def _sample(kind: str, key: str, label: int, image: bytes) -> dict:
     }[kind]
 
 
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [
+        ("json_no_label", "its .json holds no integer label (KeyError: 'cls')"),
+        ("cls_float", "its .cls holds no integer label (ValueError: invalid literal for int() with base 10: '3.5')"),
+        ("no_image", "no image member (.jpg, .jpeg, .png, .webp); it has .cls"),
+        ("unknown_ext", "no image member (.jpg, .jpeg, .png, .webp); it has .cls, .tiff2"),
+        ("empty_image", "its image member is empty"),
+        ("dot_in_key", "no image member (.jpg, .jpeg, .png, .webp); it has .v2.cls, .v2.jpg"),
+    ],
+)
+def test_each_malformed_sample_is_named_with_what_is_wrong(kind, why, tmp_path, caplog):
+    path = tmp_path / "train-000000.tar"
+    with TarWriter(str(path), encoder=False) as sink:
+        sink.write(_sample(kind, "k0", 1, _jpeg(random.Random(0))))
+    with pytest.raises(DataError, match=f"^{re.escape(f'bad sample {path}:k0: {why} (data.on_bad_sample=skip leaves it out)')}$"):
+        index_shard(path, "error")
+    with caplog.at_level(logging.WARNING, logger="turbotrain"):
+        assert index_shard(path, "skip") == ([], [], [], [], 1)
+    assert caplog.messages == [f"bad sample {path}:k0: {why} (skipped)"]
+
+
+def test_a_sample_without_a_label_member_is_named(tmp_path):
+    path = tmp_path / "train-000000.tar"
+    with tarfile.open(path, "w") as tar:
+        _member(tar, "k0.jpg", b"\xff\xd8" + bytes(100))
+        _member(tar, "k0.txt", b"a caption")
+    with pytest.raises(DataError, match=re.escape(f"bad sample {path}:k0: no label member (.cls, .json); it has .jpg, .txt (")):
+        index_shard(path, "error")
+
+
 def _write_shards(root, seed: int, split: str, shards: int, bad_rate: float) -> tuple[dict[str, int], int]:
     """Shards of random samples: (image sha -> the label written with it, for well-formed
     samples; how many were malformed). The last shard of a training set is cut inside a member."""

@@ -114,7 +114,7 @@ def _sample(tar: tarfile.TarFile, group: dict) -> tuple[int, int, int]:
     image = next((group[e] for e in IMAGE_EXTS if e in group), None)
     label = next((e for e in ("cls", "json") if e in group), None)
     if image is None or label is None:
-        what = "an image member (.jpg, .jpeg, .png, .webp)" if image is None else "a label member (.cls, .json)"
+        what = "image member (.jpg, .jpeg, .png, .webp)" if image is None else "label member (.cls, .json)"
         raise BadSample(f"no {what}; it has {', '.join('.' + e for e in group)}")
     if image.size == 0:
         raise BadSample("its image member is empty")
