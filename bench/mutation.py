@@ -60,15 +60,13 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.train.resume.x__schema_default__mutmut_15": "default=None: the key is then set to None in the"
     " saved values, which read None (old.get) when it is left out",
     "turbotrain.train.resume.x__schema_default__mutmut_18": "no default (None): as mutant 15",
-    "turbotrain.data.arrow.xǁArrowSourceǁ__init____mutmut_10": "fill_null(-2): a null label is left out"
-    " as any negative label is",
+    "turbotrain.data.arrow.xǁArrowSourceǁ__init____mutmut_10": "fill_null(-2): a null label is left out as any negative label is",
     "turbotrain.data.arrow.xǁArrowSourceǁ__init____mutmut_40": "top -2 for a split without labels:"
     " range(-1) is as empty as range(0)",
     "turbotrain.data.tars.x__index__mutmut_49": "dtype=None: numpy makes int64 of Python ints on the"
     " 64-bit Linux and macOS builds torch ships for; an empty split's float64 arrays are never indexed",
     "turbotrain.data.tars.x__index__mutmut_51": "no dtype: as mutant 49",
-    "turbotrain.data.tars.x__classes__mutmut_11": "default=-2 for shards without a sample: range(-1) is as"
-    " empty as range(0)",
+    "turbotrain.data.tars.x__classes__mutmut_11": "default=-2 for shards without a sample: range(-1) is as empty as range(0)",
 }
 KILLED = ("killed", "timeout", "segfault")  # a test failed, hung or crashed: the change was seen
 LIVED = ("survived", "no tests", "suspicious")  # no test saw it (no tests: none ran the function)
