@@ -351,15 +351,20 @@ def test_text_rows_without_text_or_a_known_label_are_left_out_counted_and_the_re
     assert counted == left_out > 0
 
 
-def test_a_compressed_shard_is_refused_in_one_line_saying_to_decompress_it(tmp_path):
-    import gzip
+@pytest.mark.parametrize("codec", ["gzip", "bz2", "lzma"])
+def test_a_compressed_shard_is_refused_in_one_line_saying_to_decompress_it(codec, tmp_path):
+    import importlib
 
     from turbotrain.core.schema import ConfigError
 
     plain = tmp_path / "train-000000.tar"
     with TarWriter(str(plain), encoder=False) as sink:
         sink.write(_sample("jpg", "k0", 1, _jpeg(random.Random(0))))
-    packed = tmp_path / "train-000001.tar"  # named .tar, gzip inside: the bytes decide
-    packed.write_bytes(gzip.compress(plain.read_bytes()))
-    with pytest.raises(ConfigError, match=rf"^shard {packed} is compressed: .*decompress them"):
+    packed = tmp_path / "train-000001.tar"  # named .tar, compressed inside: the bytes decide
+    packed.write_bytes(importlib.import_module(codec).compress(plain.read_bytes()))
+    message = (
+        f"shard {packed} is compressed: shards are read by random access, which needs plain tars; "
+        "decompress them (gunzip, bunzip2, unxz) or write them uncompressed"
+    )
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         index_shard(packed, "skip")
