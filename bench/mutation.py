@@ -69,6 +69,8 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.data.tars.x__check_plain__mutmut_8": "read(None): the magic numbers are found at the start"
     " of the whole file as of its first 6 bytes",
     "turbotrain.data.tars.x__check_plain__mutmut_9": "read(7): as mutant 8",
+    "turbotrain.data.tars.x_index_shard__mutmut_21": "mode r (any compression) for r: (plain): the"
+    " compressions tarfile opens (gzip, bzip2, xz) are refused before it by their magic numbers",
     "turbotrain.data.tars.x__classes__mutmut_11": "default=-2 for shards without a sample: range(-1) is as empty as range(0)",
 }
 KILLED = ("killed", "timeout", "segfault")  # a test failed, hung or crashed: the change was seen
