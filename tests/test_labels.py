@@ -187,6 +187,26 @@ def test_a_tar_from_any_writer_groups_its_samples_and_a_cut_one_is_lost_alone(tm
         assert index_shard(path, "skip") == (["a/000", "b/000"], offsets[:2], [702] * 2, [0, 1], 1)
 
 
+@pytest.mark.parametrize("into", [1, 100, 511])
+def test_a_shard_cut_inside_a_header_keeps_the_samples_before_it_and_says_so(into, tmp_path, caplog):
+    """tarfile ends quietly at a header cut short, as at the end of the archive: the index says so."""
+    path = tmp_path / "train-000000.tar"
+    with tarfile.open(path, "w") as tar:
+        for k in range(3):
+            _member(tar, f"k{k}.jpg", b"\xff\xd8" + bytes(600))
+            _member(tar, f"k{k}.cls", b"1")
+    with tarfile.open(path) as tar:
+        third = tar.getmembers()[4].offset  # the third sample's first header
+    path.write_bytes(path.read_bytes()[: third + into])
+    message = f"shard {path} ends inside a member's header after 2 samples (truncated)"
+    with pytest.raises(DataError, match=f"^{re.escape(message)} \\(data.on_bad_sample=skip keeps the samples before it\\)$"):
+        index_shard(path, "error")
+    with caplog.at_level(logging.WARNING, logger="turbotrain"):
+        keys, _, _, labels, skipped = index_shard(path, "skip")
+    assert (keys, labels, skipped) == (["k0", "k1"], [1, 1], 0)  # how many followed cannot be known
+    assert caplog.messages == [f"{message} (any later samples are lost)"]
+
+
 @pytest.mark.parametrize(
     ("ext", "member", "expected"),
     [
