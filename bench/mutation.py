@@ -168,6 +168,7 @@ def collect(modules: list[str], seconds: float | None = None, children: int = 2)
             "seconds": seconds,
             "status": dict(Counter(mine.values())),
             "survivors": survivors,
+            "equivalent": sorted(m for m, s in mine.items() if s in LIVED and m in EQUIVALENT),  # one a test killed is not
         }
     payload = {"children": children, "modules": per_module, "equivalent": EQUIVALENT}
     return write("mutation", {**payload, "scores": scores(payload)})
@@ -184,7 +185,7 @@ def scores(result: dict) -> dict[str, dict]:
         counts = m["status"]
         checked = sum(n for s, n in counts.items() if s in KILLED + LIVED)
         killed = sum(counts.get(s, 0) for s in KILLED)
-        equivalent = sum(1 for name in result["equivalent"] if _module(name) == f"src/turbotrain/{module}")
+        equivalent = len(m.get("equivalent", ()))
         denominator = checked - equivalent
         out[module] = {
             "checked": checked,
