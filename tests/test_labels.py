@@ -162,7 +162,7 @@ def _member(tar: tarfile.TarFile, name: str, data: bytes | None = None) -> None:
         tar.addfile(info, io.BytesIO(data))
 
 
-def test_a_tar_from_any_writer_groups_its_samples_and_a_cut_one_is_lost_alone(tmp_path):
+def test_a_tar_from_any_writer_groups_its_samples_and_a_cut_one_is_lost_alone(tmp_path, caplog):
     """Folder entries and files without an extension (a tar of a folder by GNU tar) are passed
     over, not the end of the shard; samples of one name in two folders are two samples. A shard
     cut anywhere inside its last sample (its data, or right at its data's end, no padding) keeps
@@ -182,9 +182,18 @@ def test_a_tar_from_any_writer_groups_its_samples_and_a_cut_one_is_lost_alone(tm
     assert (keys, sizes, labels, skipped) == (["a/000", "b/000", "c/001"], [702] * 3, [0, 1, 1], 0)
     whole = path.read_bytes()
     assert whole[offsets[2] : offsets[2] + 2] == b"\xff\xd8"  # each offset is its image's
+    damaged = f"shard {path} is damaged after 2 samples: ReadError: unexpected end of data"
     for cut in (last.offset_data + 100, last.offset_data + last.size):
         path.write_bytes(whole[:cut])
-        assert index_shard(path, "skip") == (["a/000", "b/000"], offsets[:2], [702] * 2, [0, 1], 1)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="turbotrain"):
+            assert index_shard(path, "skip") == (["a/000", "b/000"], offsets[:2], [702] * 2, [0, 1], 1)
+        lost = "counted as one lost sample: how many followed it cannot be known"
+        assert caplog.messages == [f"{damaged} ({lost})"]
+        with pytest.raises(
+            DataError, match=f"^{re.escape(damaged)} \\(data.on_bad_sample=skip keeps the samples before the damage\\)$"
+        ):
+            index_shard(path, "error")
 
 
 @pytest.mark.parametrize("into", [1, 100, 511])
@@ -205,6 +214,24 @@ def test_a_shard_cut_inside_a_header_keeps_the_samples_before_it_and_says_so(int
         keys, _, _, labels, skipped = index_shard(path, "skip")
     assert (keys, labels, skipped) == (["k0", "k1"], [1, 1], 0)  # how many followed cannot be known
     assert caplog.messages == [f"{message} (any later samples are lost)"]
+
+
+@pytest.mark.parametrize("zero_blocks", [0, 1])
+def test_a_shard_ending_at_a_header_boundary_or_one_zero_block_is_whole(zero_blocks, tmp_path, caplog):
+    """Writers that end a tar after its last member, or after one zero block instead of two,
+    leave no sample cut: nothing is lost or said."""
+    path = tmp_path / "train-000000.tar"
+    with tarfile.open(path, "w") as tar:
+        for k in range(2):
+            _member(tar, f"k{k}.jpg", b"\xff\xd8" + bytes(600))
+            _member(tar, f"k{k}.cls", b"1")
+    with tarfile.open(path) as tar:
+        last = tar.getmembers()[-1]
+    end = last.offset_data + -(-last.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    path.write_bytes(path.read_bytes()[: end + zero_blocks * tarfile.BLOCKSIZE])
+    with caplog.at_level(logging.WARNING, logger="turbotrain"):
+        keys, _, _, labels, skipped = index_shard(path, "error")
+    assert (keys, labels, skipped, caplog.messages) == (["k0", "k1"], [1, 1], 0, [])
 
 
 @pytest.mark.parametrize(
