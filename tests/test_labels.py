@@ -196,16 +196,22 @@ def test_a_tar_from_any_writer_groups_its_samples_and_a_cut_one_is_lost_alone(tm
             index_shard(path, "error")
 
 
+def _samples_k0_to(path, n: int) -> list[tarfile.TarInfo]:
+    """A plain shard of samples k0..k<n-1> (.jpg, .cls label 1); its members as read back, with
+    where each one's header and data lie (a writer's TarInfo does not say)."""
+    with tarfile.open(path, "w") as tar:
+        for k in range(n):
+            _member(tar, f"k{k}.jpg", b"\xff\xd8" + bytes(600))
+            _member(tar, f"k{k}.cls", b"1")
+    with tarfile.open(path) as tar:
+        return tar.getmembers()
+
+
 @pytest.mark.parametrize("into", [1, 100, 511])
 def test_a_shard_cut_inside_a_header_keeps_the_samples_before_it_and_says_so(into, tmp_path, caplog):
     """tarfile ends quietly at a header cut short, as at the end of the archive: the index says so."""
     path = tmp_path / "train-000000.tar"
-    with tarfile.open(path, "w") as tar:
-        for k in range(3):
-            _member(tar, f"k{k}.jpg", b"\xff\xd8" + bytes(600))
-            _member(tar, f"k{k}.cls", b"1")
-    with tarfile.open(path) as tar:
-        third = tar.getmembers()[4].offset  # the third sample's first header
+    third = _samples_k0_to(path, 3)[4].offset  # the third sample's first header
     path.write_bytes(path.read_bytes()[: third + into])
     message = f"shard {path} ends inside a member's header after 2 samples (truncated)"
     with pytest.raises(DataError, match=f"^{re.escape(message)} \\(data.on_bad_sample=skip keeps the samples before it\\)$"):
@@ -221,12 +227,7 @@ def test_a_shard_ending_at_a_header_boundary_or_one_zero_block_is_whole(zero_blo
     """Writers that end a tar after its last member, or after one zero block instead of two,
     leave no sample cut: nothing is lost or said."""
     path = tmp_path / "train-000000.tar"
-    with tarfile.open(path, "w") as tar:
-        for k in range(2):
-            _member(tar, f"k{k}.jpg", b"\xff\xd8" + bytes(600))
-            _member(tar, f"k{k}.cls", b"1")
-    with tarfile.open(path) as tar:
-        last = tar.getmembers()[-1]
+    last = _samples_k0_to(path, 2)[-1]
     end = last.offset_data + -(-last.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
     path.write_bytes(path.read_bytes()[: end + zero_blocks * tarfile.BLOCKSIZE])
     with caplog.at_level(logging.WARNING, logger="turbotrain"):
