@@ -75,7 +75,7 @@ def test_ddp_launched_here_with_accumulation_equals_one_process_on_same_global_b
         train(make_cfg(*args), two, overrides=args)  # refused before any launch
     fork = (*args, f"trainer.resume={one_process_run / 'checkpoints' / 'last.pt'}")
     with pytest.raises(ConfigError, match="starts a fork of that run.*fork into a new dir"):  # another run's
-        train(make_cfg(*fork), two, overrides=fork)  # checkpoint continued in a used dir: the same
+        train(make_cfg(*fork), two, overrides=fork)  # checkpoint continued in a used dir: refused as a fork
 
 
 def test_two_process_ddp_equals_one_process_on_same_global_batch(one_process_run, tmp_path):
