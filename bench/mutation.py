@@ -105,7 +105,7 @@ def _configure(work: Path, modules: list[str]) -> None:
         'source_paths = ["src"]',
         f"only_mutate = {modules!r}",
         'pytest_add_cli_args_test_selection = ["tests/"]',
-        f"pytest_add_cli_args = {[arg for t in STRUCTURE_TESTS for arg in ('--deselect', t)]!r}",
+        f"pytest_add_cli_args = {['-p', 'bench.mutation_order', *(a for t in STRUCTURE_TESTS for a in ('--deselect', t))]!r}",
         f"also_copy = {copied!r}",
         'process_isolation = "forkserver"',
         # mutmut's default (15) lets a mutant that loops run 30x its tests' whole time in CPU
