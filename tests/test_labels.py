@@ -330,7 +330,9 @@ def test_a_split_without_a_labelled_row_adds_no_class_and_is_refused_as_empty(tm
     cfg = make_cfg("data=hf_images", f"data.root={tmp_path / 'disk'}", "data.image_size=8", "trainer.max_epochs=1")
     data = build_data(cfg.data)
     assert (data.class_names, len(data.train), len(data.val), data.bad_indexed) == (["0"], 4, 0, 3)
-    with pytest.raises(ConfigError, match=r"^data=hf_images: the validation split is empty"):
+    with pytest.raises(
+        ConfigError, match=r"^data=hf_images: the validation split is empty \(data.val_split=validation\): give it samples$"
+    ):
         train(cfg, tmp_path / "run")
 
 

@@ -113,7 +113,7 @@ def _data_and_model(cfg) -> tuple[DataBundle, nn.Module]:
     tokenizer = build_tokenizer_for(cfg.model, max_length)
     data = build_data(cfg.data, tokenizer)
     if len(data.val) == 0:
-        raise ConfigError(f"data={cfg.data.name}: the validation split is empty: give it samples (val/ images, val_fraction)")
+        raise ConfigError(f"data={cfg.data.name}: the validation split is empty ({_val_source(cfg.data)}): give it samples")
     if cfg.data.bucket_by_length and data.kind != "text":
         raise ConfigError("data.bucket_by_length=true applies to text data (images all have one size)")
     if cfg.trainer.tta != "none" and data.kind != "image":
@@ -124,6 +124,14 @@ def _data_and_model(cfg) -> tuple[DataBundle, nn.Module]:
             "fine-tune without it (trainer.ema_decay=null)"
         )
     return data, build_for(cfg.model, data, tokenizer, max_length)
+
+
+def _val_source(data_cfg) -> str:
+    """The key that chose the validation samples, for the error that found none."""
+    for key in ("val_split", "val_fraction", "val_path"):
+        if data_cfg.get(key) is not None:  # image options compose every key, null where unused
+            return f"data.{key}={data_cfg[key]}"
+    return f"data.root={data_cfg.root}: its val/ folder or val-*.tar shards"
 
 
 def _on_device(resize: Resolution | None, mix: Callable | None) -> Callable | None:
