@@ -2,7 +2,7 @@
 (`pip install -e .[mutation]`): each mutant (an operator, a constant, a keyword argument changed
 in one place) runs the default suite's tests that execute the mutated function (mutmut records
 which in a first pass), in processes forked from a fork server (torch is not fork-safe once its
-thread pool has run). A mutant is killed when one of those tests fails or runs past 6x its tests' CPU time.
+thread pool has run). A mutant is killed when one of those tests fails or runs past its CPU-time limit (see _configure).
 Tests that start train.py or torchrun run the unmutated package in those processes (mutmut's
 trampolines cannot run outside its own): code only they reach counts as "no tests".
 
@@ -108,9 +108,13 @@ def _configure(work: Path, modules: list[str]) -> None:
         f"pytest_add_cli_args = {['-p', 'bench.mutation_order', *(a for t in STRUCTURE_TESTS for a in ('--deselect', t))]!r}",
         f"also_copy = {copied!r}",
         'process_isolation = "forkserver"',
-        # mutmut's default (15) lets a mutant that loops run 30x its tests' whole time in CPU
-        # seconds: hours for a function the training tests cover. 3 still spares a loaded machine.
+        # CPU-second limit = (tests' time + constant) x multiplier x 2. mutmut's default multiplier
+        # (15) lets a mutant that loops run for hours where the training tests cover a function; 3
+        # still spares a loaded machine. Its time leaves out fixture set-up, which each forked
+        # mutant pays again (a module's trained run: tens of CPU seconds on 2 threads), so the
+        # constant (default 1) is what keeps a quick test behind a training fixture from timing out.
         "timeout_multiplier = 3.0",
+        "timeout_constant = 20.0",
     ]
     (work / "pyproject.toml").write_text(text.rstrip() + "\n\n" + "\n".join(config).replace("'", '"') + "\n")
 
