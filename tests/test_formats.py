@@ -25,7 +25,7 @@ from torchvision import datasets as tvd
 
 from conftest import make_cfg, run_cli
 from turbotrain.config import ConfigError
-from turbotrain.data import build_data
+from turbotrain.data import build_data, tars
 from turbotrain.data.decode import RGBReader
 from turbotrain.data.listing import class_digest
 from turbotrain.data.safe import DataError
@@ -79,6 +79,24 @@ def test_a_source_sent_to_a_worker_opens_its_own_files(made, tmp_path):
     finally:
         for fd in other:
             os.close(fd)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts this process's descriptors in /proc")
+def test_a_source_keeps_at_most_its_cap_of_shards_open_and_reads_every_member_whole(made, tmp_path, monkeypatch):
+    monkeypatch.setattr(tars, "OPEN_FILES", 2)  # the cap (128) at the size of this fixture's shards
+    shards = sorted(os.path.realpath(p) for p in (made / "shards").glob("train-*.tar"))
+    source = _data("shards", made / "shards", tmp_path).train.dataset.source
+    theirs = [s["jpg"] for s in wds.WebDataset(shards, shardshuffle=False, empty_check=False)]
+    assert len(shards) > 2 and len(theirs) == len(source)
+
+    def open_shards() -> int:
+        fds = os.listdir("/proc/self/fd")
+        return sum(os.path.realpath(f"/proc/self/fd/{fd}") in shards for fd in fds if os.path.exists(f"/proc/self/fd/{fd}"))
+
+    for i in [*range(len(source)), *reversed(range(len(source)))]:  # every shard opened, closed, opened again
+        assert bytes(source.encoded(i).numpy()) == theirs[i]
+        assert open_shards() <= 2
+    assert open_shards() == 2
 
 
 def _sha(data: bytes) -> str:
