@@ -1,8 +1,9 @@
 """Mutation testing of the modules that decide a run's numbers and its safety, with mutmut 3
 (`pip install -e .[mutation]`): each mutant (an operator, a constant, a keyword argument changed
 in one place) runs the default suite's tests that execute the mutated function (mutmut records
-which in a first pass), in processes forked from a fork server (torch is not fork-safe once its
-thread pool has run). A mutant is killed when one of those tests fails or runs past its CPU-time limit (see _configure).
+which in a first pass), fastest first and up to TEST_BUDGET_S seconds of them, in processes forked
+from a fork server (torch is not fork-safe once its thread pool has run). A mutant is killed when
+one of those tests fails or runs past its CPU-time limit (see _configure).
 Tests that start train.py or torchrun run the unmutated package in those processes (mutmut's
 trampolines cannot run outside its own): code only they reach counts as "no tests".
 
@@ -26,8 +27,13 @@ from collections import Counter
 from pathlib import Path
 
 from bench.common import RESULTS, ROOT, write
+from bench.mutation_order import BUDGET_ENV
 
 WORK = Path(os.path.expanduser("~/.cache/turbotrain/bench/mutation"))
+# seconds of covering tests (their stats-pass times, fastest first) a mutant runs: a survivor of
+# a function every training test runs would otherwise cost ten minutes; a survivor is worth
+# trying against the rest (mutmut run <name>, budget unset) before a test is written for it
+TEST_BUDGET_S = 30.0
 MODULES = [
     f"src/turbotrain/{m}.py"
     for m in (
@@ -137,7 +143,9 @@ def run(*modules: str, children: int = 2) -> Path:
     _forget_survivors(work, modules)
     t0 = time.perf_counter()
     with open(WORK / "mutmut.log", "w") as log:  # its progress, and why a clean-test pass failed
-        done = subprocess.run(["mutmut", "run", "--max-children", str(children)], cwd=work, stdout=log, stderr=log, check=False)
+        env = {**os.environ, BUDGET_ENV: str(TEST_BUDGET_S)}
+        command = ["mutmut", "run", "--max-children", str(children)]
+        done = subprocess.run(command, cwd=work, env=env, stdout=log, stderr=log, check=False)
     if done.returncode != 0:
         raise SystemExit(f"mutmut run failed (exit {done.returncode}); its output: {WORK / 'mutmut.log'}")
     return collect(modules, seconds=time.perf_counter() - t0, children=children)
@@ -174,7 +182,7 @@ def collect(modules: list[str], seconds: float | None = None, children: int = 2)
             "survivors": survivors,
             "equivalent": sorted(m for m, s in mine.items() if s in LIVED and m in EQUIVALENT),  # one a test killed is not
         }
-    payload = {"children": children, "modules": per_module, "equivalent": EQUIVALENT}
+    payload = {"children": children, "test_budget_s": TEST_BUDGET_S, "modules": per_module, "equivalent": EQUIVALENT}
     return write("mutation", {**payload, "scores": scores(payload)})
 
 
@@ -209,7 +217,8 @@ def section(results: Path) -> str:
         return "No run recorded yet: `python -m bench mutation` writes `bench/results/mutation.json` and this table."
     result = json.loads((results / "mutation.json").read_text())
     lines = [
-        f"Measured by `python -m bench mutation` (mutmut, {result['children']} children) on "
+        f"Measured by `python -m bench mutation` (mutmut, {result['children']} children, each mutant against its "
+        f"covering tests fastest first, up to {result.get('test_budget_s')} s of them) on "
         f"{machine(result['hardware'])}, `bench/results/mutation.json`; score = killed / (checked - equivalent).",
         "",
         "| module | mutants checked | not yet checked | killed | equivalent | survived | score | tests at |",
