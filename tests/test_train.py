@@ -58,7 +58,10 @@ def _check_summary(summary: dict, cfg, run_dir, events: list[dict], started: flo
     assert summary["train_time_s"] == state["train_time_s"]
     # one session from the start: its seconds are the run's training seconds
     assert summary["samples_per_s"] == pytest.approx(3 * batches * cfg.data.batch_size / summary["train_time_s"], rel=1e-6)
-    assert 0 <= summary["data_wait_frac"] < 1
+    seconds = [batches * cfg.data.batch_size / e["samples_per_s"] for e in val]  # each epoch's, from its rate
+    assert len(val) == 3 and sum(seconds) == pytest.approx(summary["train_time_s"], rel=1e-6)
+    waits = [e["data_wait_frac"] * s for e, s in zip(val, seconds, strict=True)]
+    assert summary["data_wait_frac"] == pytest.approx(sum(waits) / sum(seconds), rel=1e-6) and max(waits) > 0
     assert summary["rank_peak_mem_mb"] == [summary["peak_mem_mb"]] and 0 < summary["peak_mem_mb"] <= peak_mem_mb(CPU)
     assert len(summary["rank_epoch_time_s"]) == 1 and 0 < summary["rank_epoch_time_s"][0] < summary["train_time_s"]
     assert age < summary["time_to_first_step_s"] < process_age_s()  # this process's age at the first step
