@@ -217,8 +217,7 @@ def section(results: Path) -> str:
         return "No run recorded yet: `python -m bench mutation` writes `bench/results/mutation.json` and this table."
     result = json.loads((results / "mutation.json").read_text())
     lines = [
-        f"Measured by `python -m bench mutation` (mutmut, {result['children']} children, each mutant against its "
-        f"covering tests fastest first, up to {result.get('test_budget_s')} s of them) on "
+        f"Measured by `python -m bench mutation` (mutmut, {result['children']} children{_budget(result)}) on "
         f"{machine(result['hardware'])}, `bench/results/mutation.json`; score = killed / (checked - equivalent).",
         "",
         "| module | mutants checked | not yet checked | killed | equivalent | survived | score | tests at |",
@@ -231,6 +230,11 @@ def section(results: Path) -> str:
         cells = (f"`{module}`", s["checked"], s["unchecked"], s["killed"], s["equivalent"], survived, score, commit)
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
+
+
+def _budget(result: dict) -> str:
+    budget = result.get("test_budget_s")  # runs from before the budget ran every covering test
+    return f", each mutant against its covering tests fastest first, up to {budget:g} s of them" if budget else ""
 
 
 if __name__ == "__main__":  # python -m bench.mutation [--collect] [module ...]
