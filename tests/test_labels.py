@@ -22,7 +22,7 @@ from webdataset import TarWriter
 from conftest import make_cfg
 from turbotrain.data import build_data
 from turbotrain.data.safe import DataError
-from turbotrain.data.tars import index_shard
+from turbotrain.data.tars import BadSample, _label, index_shard
 
 # what a sample can be: (kind, left out?); keys with dots or slashes, upper-case extensions and
 # .json labels are well-formed (WebDataset's grouping: the key ends at the name's first dot)
@@ -254,8 +254,6 @@ def test_a_shard_ending_at_a_header_boundary_or_one_zero_block_is_whole(zero_blo
     ],
 )
 def test_a_label_member_gives_its_integer_or_says_why_not(ext, member, expected):
-    from turbotrain.data.tars import BadSample, _label
-
     if isinstance(expected, int):
         assert _label(member, ext) == expected
     else:
