@@ -100,6 +100,23 @@ def test_a_source_keeps_at_most_its_cap_of_shards_open_and_reads_every_member_wh
     assert open_shards() - before == 2
 
 
+def test_a_shard_cut_after_indexing_names_how_many_bytes_of_the_member_are_missing(made, tmp_path):
+    """A shard truncated once its index is saved (a copy that died half-way, a full disk): the
+    member read short is an error saying how far short, never a short image handed to the decoder."""
+    shards = tmp_path / "shards"
+    shutil.copytree(made / "shards", shards)
+    source = _data("shards", shards, tmp_path / "cache").train.dataset.source
+    i = len(source) - 1
+    whole = bytes(source.encoded(i).numpy())
+    last = Path(source.paths[int(source.shard[i])])
+    last.write_bytes(last.read_bytes()[: int(source.offsets[i]) + 100])
+    cut = pickle.loads(pickle.dumps(source))  # a fresh reader, as a worker has
+    with pytest.raises(OSError) as e:
+        cut.encoded(i)
+    assert str(e.value) == f"the shard ends {len(whole) - 100} bytes into this member (truncated?)"
+    assert bytes(cut.encoded(0).numpy()) == bytes(source.encoded(0).numpy())  # the others still read
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha1(data).hexdigest()
 

@@ -234,3 +234,37 @@ def test_sgd_kernel_is_the_one_asked_for_or_the_faster_one_timed(kernel, caplog)
     else:
         assert not timed and fused == {kernel == "fused"}
         assert all(g["foreach"] == (kernel == "foreach") for g in opt.param_groups)
+
+
+@pytest.mark.parametrize(
+    "fused_s, foreach_s, logged, takes_fused",
+    [  # seconds per round of 3 steps, the first round a warm-up; median of the rest, per step
+        ([9.0, 0.003, 0.018, 0.006], [9.0, 0.012, 0.030, 0.009], "fused kernel 2.00 ms, foreach 4.00 ms", True),
+        ([0.0, 0.012, 0.030, 0.009], [0.0, 0.003, 0.018, 0.006], "fused kernel 4.00 ms, foreach 2.00 ms", False),
+        ([0.0, 0.006, 0.006, 0.006], [9.0, 0.006, 0.006, 0.006], "fused kernel 2.00 ms, foreach 2.00 ms", True),  # a tie: fused
+    ],
+)
+def test_sgd_kernel_timing_drops_its_warm_up_and_takes_the_median_per_step(
+    fused_s, foreach_s, logged, takes_fused, monkeypatch, caplog
+):
+    """The clock scripted round by round (fused then foreach, as the timing interleaves them)."""
+    import types
+
+    from turbotrain.train import optim
+
+    ends = iter(d for pair in zip(fused_s, foreach_s) for d in pair)
+    now = [0.0, True]  # the time; whether the next read starts a round
+
+    def perf_counter() -> float:
+        if not now[1]:
+            now[0] += next(ends)
+        now[1] = not now[1]
+        return now[0]
+
+    monkeypatch.setattr(optim, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    optim._fused_faster.cache_clear()
+    with caplog.at_level("INFO", logger="turbotrain"):
+        assert optim._fused_faster(((3, 5),), 0.9, True) is takes_fused
+    assert next(ends, None) is None  # every round was timed
+    assert [r.getMessage() for r in caplog.records] == [f"optim.kernel=auto: SGD's {logged} per step here"]
+    optim._fused_faster.cache_clear()  # the scripted verdict stays out of other tests

@@ -67,6 +67,18 @@ def test_rmsprop_reads_the_skip_flag_every_step(monkeypatch, tmp_path):
     assert counts[1] - counts[0] == 12, counts  # one read per step
 
 
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_rmsprop_warns_of_its_per_step_read_only_off_the_cpu(device, caplog):
+    """On a CPU the read costs nothing; elsewhere (meta stands in for a GPU: any device but the
+    host's) the user is told once, at build time."""
+    from turbotrain.train.optim import build_optimizer
+
+    with caplog.at_level("WARNING", logger="turbotrain"):
+        build_optimizer(torch.nn.Linear(3, 2, device=device), make_cfg("optim=rmsprop").optim)
+    warned = ["optim=rmsprop has no fused kernel: skipping a non-finite step reads the device every step"]
+    assert [r.getMessage() for r in caplog.records] == (warned if device == "meta" else [])
+
+
 def test_auto_kernel_is_fused_for_a_gpu_run_without_timing_on_the_host():
     """numerics.resolve runs before the model is placed: a CUDA run must not time the host's SGD."""
     from turbotrain.train import numerics, optim
