@@ -78,6 +78,10 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.data.tars.x_index_shard__mutmut_21": "mode r (any compression) for r: (plain): the"
     " compressions tarfile opens (gzip, bzip2, xz) are refused before it by their magic numbers",
     "turbotrain.data.tars.x__classes__mutmut_11": "default=-2 for shards without a sample: range(-1) is as empty as range(0)",
+    "turbotrain.data.tars.x_load_index__mutmut_3": "the shards' stats joined by 'XX\\nXX': the digest is an opaque"
+    " name of the same stats (its index file, its decoded cache), as distinct between shard sets as before",
+    "turbotrain.data.tars.x_load_index__mutmut_6": "17 hex digits of the digest for 16: as mutant 3, a longer"
+    " name of the same stats",
 }
 KILLED = ("killed", "timeout", "segfault")  # a test failed, hung or crashed: the change was seen
 LIVED = ("survived", "no tests", "suspicious")  # no test saw it (no tests: none ran the function)
@@ -183,7 +187,19 @@ def collect(modules: list[str], seconds: float | None = None, children: int = 2)
             "equivalent": sorted(m for m, s in mine.items() if s in LIVED and m in EQUIVALENT),  # one a test killed is not
         }
     payload = {"children": children, "test_budget_s": TEST_BUDGET_S, "modules": per_module, "equivalent": EQUIVALENT}
+    payload["exempt"] = exempt_lines(MODULES)
     return write("mutation", {**payload, "scores": scores(payload)})
+
+
+def exempt_lines(modules: list[str]) -> dict[str, str]:
+    """file:line -> the line, for each line marked `# pragma: no mutate` (mutmut makes no mutant
+    of it); the comment above it or on it says why."""
+    out = {}
+    for module in modules:
+        for n, line in enumerate((ROOT / module).read_text().splitlines(), 1):
+            if "# pragma: no mutate" in line:
+                out[f"{module.removeprefix('src/turbotrain/')}:{n}"] = line.strip()
+    return out
 
 
 def _show(work: Path, mutant: str) -> str:
@@ -229,6 +245,9 @@ def section(results: Path) -> str:
         commit = result["modules"][module]["commit"]
         cells = (f"`{module}`", s["checked"], s["unchecked"], s["killed"], s["equivalent"], survived, score, commit)
         lines.append("| " + " | ".join(map(str, cells)) + " |")
+    exempt = result.get("exempt", {})
+    if exempt:
+        lines += ["", f"Lines exempt from mutation (`# pragma: no mutate`; why, in a comment at each): {', '.join(exempt)}."]
     return "\n".join(lines)
 
 

@@ -61,9 +61,12 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
 
 def rng_state() -> dict:
     np_state = np.random.get_state()
+    # this rank's device. The CUDA lines here and in set_rng_state run only on a GPU, which the
+    # CPU suite has not: mutation testing leaves them out (bench/gpu_check.sh's requeue runs them)
+    cuda = [torch.cuda.get_rng_state()] if torch.cuda.is_available() else []  # pragma: no mutate
     return {
         "torch": torch.get_rng_state(),
-        "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_available() else [],  # this rank's device
+        "cuda": cuda,
         "numpy": {
             "keys": torch.from_numpy(np_state[1].astype(np.int64)),
             "pos": int(np_state[2]),
@@ -77,8 +80,8 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     cuda = state["cuda"]
-    if cuda and torch.cuda.is_available():  # this rank's device; older checkpoints held every visible one
-        torch.cuda.set_rng_state(cuda[min(torch.cuda.current_device(), len(cuda) - 1)] if len(cuda) > 1 else cuda[0])
+    if cuda and torch.cuda.is_available():  # pragma: no mutate (older checkpoints held every visible device)
+        torch.cuda.set_rng_state(cuda[min(torch.cuda.current_device(), len(cuda) - 1)])  # pragma: no mutate
     n = state["numpy"]
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     internal, version = state["python"]
