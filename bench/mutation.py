@@ -138,27 +138,34 @@ def _module(mutant: str) -> str:
     return "src/" + re.split(r"\.x[_ǁ]", mutant, maxsplit=1)[0].replace(".", "/") + ".py"
 
 
-def run(*modules: str, children: int = 2) -> Path:
+def run(*modules: str, children: int = 2, left_only: bool = False) -> Path:
+    """`left_only`: name to mutmut the mutants an earlier run left unchecked or saw survive, so its
+    clean-test pass runs only their tests (all of them otherwise: ten minutes before the first
+    mutant). A function changed since that run gets new mutants only a run of all finds."""
     modules = list(modules) or MODULES
     if shutil.which("mutmut") is None:
         raise SystemExit("bench mutation needs mutmut: pip install -e .[mutation]")
     work = _work_tree()
     _configure(work, modules)
-    _forget_survivors(work, modules)
+    left = _forget_survivors(work, modules)
     t0 = time.perf_counter()
+    if left_only and not left:
+        return collect(modules)
     with open(WORK / "mutmut.log", "w") as log:  # its progress, and why a clean-test pass failed
         env = {**os.environ, BUDGET_ENV: str(TEST_BUDGET_S)}
-        command = ["mutmut", "run", "--max-children", str(children)]
+        command = ["mutmut", "run", "--max-children", str(children), *(left if left_only else ())]
         done = subprocess.run(command, cwd=work, env=env, stdout=log, stderr=log, check=False)
     if done.returncode != 0:
         raise SystemExit(f"mutmut run failed (exit {done.returncode}); its output: {WORK / 'mutmut.log'}")
     return collect(modules, seconds=time.perf_counter() - t0, children=children)
 
 
-def _forget_survivors(work: Path, modules: list[str]) -> None:
+def _forget_survivors(work: Path, modules: list[str]) -> list[str]:
     """Mark the mutants no test saw in an earlier run (survived, no tests) unchecked, so this run
     tries them against today's tests in the same pass as the new ones (one clean-test pass, not
-    two). mutmut 3.8's results file per module: exit code 0 survived, 33 no tests, None unchecked."""
+    two); returns every mutant now unchecked. mutmut 3.8's results file per module: exit code 0
+    survived, 33 no tests, None unchecked."""
+    left = []
     for module in modules:
         meta = work / "mutants" / f"{module}.meta"
         if meta.is_file():
@@ -166,6 +173,8 @@ def _forget_survivors(work: Path, modules: list[str]) -> None:
             codes = data["exit_code_by_key"]
             data["exit_code_by_key"] = {k: None if v in (0, 33) else v for k, v in codes.items()}
             meta.write_text(json.dumps(data))
+            left += [k for k, v in data["exit_code_by_key"].items() if v is None]
+    return left
 
 
 def collect(modules: list[str], seconds: float | None = None, children: int = 2) -> Path:
@@ -256,6 +265,6 @@ def _budget(result: dict) -> str:
     return f", each mutant against its covering tests fastest first, up to {budget:g} s of them" if budget else ""
 
 
-if __name__ == "__main__":  # python -m bench.mutation [--collect] [module ...]
-    args = [a for a in sys.argv[1:] if a != "--collect"]
-    print(collect(args or MODULES) if "--collect" in sys.argv else run(*args))
+if __name__ == "__main__":  # python -m bench.mutation [--collect | --left] [module ...]
+    args = [a for a in sys.argv[1:] if a not in ("--collect", "--left")]
+    print(collect(args or MODULES) if "--collect" in sys.argv else run(*args, left_only="--left" in sys.argv))
