@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 
 import pytest
 
-from conftest import TINY, run_cli
+from conftest import ROOT, TINY, make_cfg, run_cli
 from test_train import assert_same_run
+from turbotrain.train.preemption import Preempted
+from turbotrain.train.run import train
 
 RUN = (*TINY, "trainer.max_epochs=2", "trainer.limit_train_batches=10", "trainer.log_every_n_steps=2")
 
@@ -89,6 +92,28 @@ def _requeued_run_equals_uninterrupted(tmp_path, *extra: str, signal_to: str, sb
 def test_sigusr2_stops_a_plain_process_and_the_requeued_job_continues_it(tmp_path):
     note = _requeued_run_equals_uninterrupted(tmp_path, signal_to="self")
     assert note["step"] == 5  # the step the signal arrived in
+
+
+def test_sigusr2_to_a_launcher_in_this_process_stops_its_workers_and_then_reaches_the_schedulers_handler(tmp_path, monkeypatch):
+    """train() launching the DDP workers itself, as train.py does; rank 1 signals this process at
+    step 5. The handler found in place (submitit's, here a recorder) must not see the signal when it
+    arrives, only once the workers have saved and stopped. (The requeued job: the slow test below.)"""
+    site = _env(tmp_path)["PYTHONPATH"]
+    monkeypatch.setenv("PYTHONPATH", site)
+    monkeypatch.setenv("TT_SIGNAL_TO", "launcher")
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "train.py")])  # the workers run the script that launched them
+    run = tmp_path / "run"
+    seen = []
+    previous = signal.signal(signal.SIGUSR2, lambda s, _: seen.append((s, (run / "checkpoints" / "requeue.json").exists())))
+    try:
+        args = (*RUN, "distributed=ddp", "distributed.nproc=2")
+        with pytest.raises(Preempted) as stopped:
+            train(make_cfg(*args), run, overrides=args)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert stopped.value.signum == signal.SIGUSR2
+    assert seen == [(signal.SIGUSR2, True)]  # once, after the workers' requeue note was written
+    assert json.loads((run / "checkpoints" / "requeue.json").read_text())["step"] >= 5
 
 
 @pytest.mark.slow  # three more runs; the test above covers the stop and the resume
