@@ -78,6 +78,10 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.data.tars.x_index_shard__mutmut_21": "mode r (any compression) for r: (plain): the"
     " compressions tarfile opens (gzip, bzip2, xz) are refused before it by their magic numbers",
     "turbotrain.data.tars.x__classes__mutmut_11": "default=-2 for shards without a sample: range(-1) is as empty as range(0)",
+    "turbotrain.data.tars.xǁShardSourceǁ__init____mutmut_31": "None for '' as the digest of a class the split"
+    " has no sample of: a resume compares it only with the same default, read back the same way",
+    "turbotrain.data.tars.xǁShardSourceǁ__init____mutmut_33": "no default (None): as mutant 31",
+    "turbotrain.data.tars.xǁShardSourceǁ__init____mutmut_35": "'XXXX' for '': as mutant 31",
     "turbotrain.data.tars.x_load_index__mutmut_3": "the shards' stats joined by 'XX\\nXX': the digest is an opaque"
     " name of the same stats (its index file, its decoded cache), as distinct between shard sets as before",
     "turbotrain.data.tars.x_load_index__mutmut_6": "17 hex digits of the digest for 16: as mutant 3, a longer"
