@@ -77,6 +77,13 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.data.tars.x__check_plain__mutmut_9": "read(7): as mutant 8",
     "turbotrain.data.tars.x_index_shard__mutmut_21": "mode r (any compression) for r: (plain): the"
     " compressions tarfile opens (gzip, bzip2, xz) are refused before it by their magic numbers",
+    "turbotrain.data.tars.x_index_shard__mutmut_81": "zip(strict=None) over the records: each record is one"
+    " (key, offset, size, label) tuple, so the four columns are of one length by construction",
+    "turbotrain.data.tars.x_index_shard__mutmut_83": "zip without strict: as mutant 81",
+    "turbotrain.data.tars.x_index_shard__mutmut_84": "zip(strict=False): as mutant 81",
+    "turbotrain.data.tars.x__label__mutmut_20": "`bool and not int|str` for `bool or not int|str`: a JSON value"
+    " that is neither int nor str (bool, float, null, list, object) never prints as digits alone, so the"
+    " digit test refuses what the type tests did",
     "turbotrain.data.tars.x__classes__mutmut_11": "default=-2 for shards without a sample: range(-1) is as empty as range(0)",
     "turbotrain.data.tars.xǁShardSourceǁ__init____mutmut_31": "None for '' as the digest of a class the split"
     " has no sample of: a resume compares it only with the same default, read back the same way",

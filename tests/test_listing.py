@@ -120,3 +120,25 @@ def test_a_changed_tree_is_listed_again(tree, tmp_path):
     assert kept.class_files == removed.class_files  # the documented limit of the saved listing
     rescanned = build_data(make_cfg(*args, "data.index=rescan").data)
     assert rescanned.class_files["china"] != removed.class_files["china"]
+
+
+def test_a_listing_whose_folder_vanished_or_that_names_another_split_is_listed_again(tree, tmp_path):
+    """A nested folder removed where its parent's mtime did not move (a coarse-mtime filesystem, a
+    restored mtime): its files must not be listed from the saved listing. A saved listing under
+    this split's name but of another root (a copied cache dir) is not this split's."""
+    index = tmp_path / "index"
+    train, china = tree / "train", tree / "train" / "china"
+    first = listing.load_listing(train, index, rescan=False)
+    stat = china.stat()
+    shutil.rmtree(china / "b-side")
+    os.utime(china, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    gone = FolderSource(listing.load_listing(train, index, rescan=False))
+    assert len(gone) == len(FolderSource(first)) - 1 == len(tvd.ImageFolder(str(train)))
+    other = tmp_path / "other" / "train"
+    shutil.copytree(train, other)  # the same folders with the same mtimes (copystat): only the root tells
+    (ours,) = index.iterdir()
+    saved = listing.load_listing(other, index, rescan=False)
+    (theirs,) = set(index.iterdir()) - {ours}
+    shutil.copy(ours, theirs)  # the other split's file now holds this tree's listing
+    relisted = FolderSource(listing.load_listing(other, index, rescan=False))
+    assert [relisted.name(i) for i in range(len(relisted))] == [FolderSource(saved).name(i) for i in range(len(relisted))]

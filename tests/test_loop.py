@@ -268,3 +268,33 @@ def test_sgd_kernel_timing_drops_its_warm_up_and_takes_the_median_per_step(
     assert next(ends, None) is None  # every round was timed
     assert [r.getMessage() for r in caplog.records] == [f"optim.kernel=auto: SGD's {logged} per step here"]
     optim._fused_faster.cache_clear()  # the scripted verdict stays out of other tests
+
+
+def test_a_short_run_takes_its_own_batches_and_keys_whatever_the_runs_trainer_says():
+    """A pruning fine-tune or autotune trial outside the run: the run's trainer.max_steps must not
+    cut it short, and its own trainer keys (channels_last=False) win over the run's."""
+    from turbotrain.train.loop import short_run
+
+    cfg = make_cfg("precision=fp32", "trainer.max_steps=1", "trainer.channels_last=true")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    layouts = []
+    model[0].register_forward_pre_hook(lambda _, args: layouts.append(args[0].is_contiguous(memory_format=torch.channels_last)))
+    loader = DataLoader(TensorDataset(torch.randn(40, 3, 8, 8), torch.randint(0, 3, (40,))), batch_size=8)
+    steps = []
+    precision = build_precision(cfg.precision, CPU)
+    short_run(
+        model,
+        loader,
+        cfg,
+        device=CPU,
+        precision=precision,
+        batches=4,
+        on_step=lambda s: steps.append(s.global_step),
+        channels_last=False,
+    )
+    assert steps == [1, 2, 3, 4]
+    assert layouts == [False] * 4
+    layouts.clear()
+    short_run(model, loader, cfg, device=CPU, precision=precision, batches=2, on_step=lambda s: None)  # the run's own key
+    assert layouts == [True] * 2
