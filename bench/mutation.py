@@ -66,6 +66,11 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.train.resume.x__schema_default__mutmut_15": "default=None: the key is then set to None in the"
     " saved values, which read None (old.get) when it is left out",
     "turbotrain.train.resume.x__schema_default__mutmut_18": "no default (None): as mutant 15",
+    "turbotrain.train.loop.x_short_run__mutmut_10": "enabled=None for False: as falsy, the tracker is off and"
+    " writes nothing (a test checks that nothing is written)",
+    "turbotrain.train.loop.x_short_run__mutmut_11": "logger_cfg=None: a tracker that is off never reads it",
+    "turbotrain.train.loop.x_short_run__mutmut_12": "config=None: a tracker that is off never reads it",
+    "turbotrain.train.loop.x_short_run__mutmut_17": "run dir 'XX.XX' for '.': a tracker that is off writes nowhere",
     "turbotrain.data.arrow.xǁArrowSourceǁ__init____mutmut_10": "fill_null(-2): a null label is left out as any negative label is",
     "turbotrain.data.arrow.xǁArrowSourceǁ__init____mutmut_40": "top -2 for a split without labels:"
     " range(-1) is as empty as range(0)",

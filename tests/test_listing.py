@@ -25,6 +25,9 @@ def tree(jpeg_tree, tmp_path):
     shutil.copy(root / "train" / "china" / "001.jpg", nested / "X.JPG")
     shutil.copy(root / "train" / "china" / "002.jpg", root / "train" / "china" / "b.jpeg")
     (root / "train" / "flower" / "notes.txt").write_text("not listed")
+    for sibling in ("x1", "x2"):  # two folders side by side in one class: the walk must keep both
+        (root / "train" / "flower" / sibling).mkdir()
+        shutil.copy(root / "train" / "flower" / "001.jpg", root / "train" / "flower" / sibling / "s.jpg")
     return root
 
 
@@ -39,6 +42,22 @@ def test_the_listing_is_imagefolders_samples_in_its_order(tree):
     assert [(source.name(i), int(source.labels[i])) for i in range(len(source))] == reference.samples
     file = Path(reference.samples[3][0]).read_bytes()
     assert torch.equal(source.encoded(3), torch.frombuffer(bytearray(file), dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("change", ["size", "mtime"])
+def test_the_fingerprint_sees_any_files_size_or_mtime(tree, change):
+    """It names the split's decoded cache: one file rewritten (its mtime put back) or touched, in
+    a class's first folder of several, must give another name."""
+    split, victim = tree / "train", tree / "train" / "china" / "000.jpg"
+    before = listing.scan(split)
+    st = victim.stat()
+    if change == "size":
+        victim.write_bytes(victim.read_bytes() + b"\0")
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    else:
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    after = listing.scan(split)
+    assert FolderSource(after).fingerprint != FolderSource(before).fingerprint
 
 
 def test_classes_are_numbered_in_sorted_name_order_whatever_order_the_filesystem_lists(jpeg_tree, tmp_path, monkeypatch):

