@@ -161,3 +161,12 @@ def test_a_listing_whose_folder_vanished_or_that_names_another_split_is_listed_a
     shutil.copy(ours, theirs)  # the other split's file now holds this tree's listing
     relisted = FolderSource(listing.load_listing(other, index, rescan=False))
     assert [relisted.name(i) for i in range(len(relisted))] == [FolderSource(saved).name(i) for i in range(len(relisted))]
+
+
+def test_a_broken_symlink_is_left_out_counted_and_named(tree, caplog):
+    link = tree / "train" / "china" / "gone.jpg"
+    link.symlink_to(tree / "nowhere.jpg")
+    with caplog.at_level("WARNING", logger="turbotrain"):
+        source = FolderSource(listing.scan(tree / "train"))
+    assert [r.getMessage() for r in caplog.records] == [f"bad sample {link}: No such file or directory (skipped)"]
+    assert source.left_out == 1 and len(source) == len(tvd.ImageFolder(str(tree / "train"))) - 1  # ImageFolder lists it
