@@ -89,6 +89,12 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.data.tars.x__label__mutmut_20": "`bool and not int|str` for `bool or not int|str`: a JSON value"
     " that is neither int nor str (bool, float, null, list, object) never prints as digits alone, so the"
     " digit test refuses what the type tests did",
+    "turbotrain.data.listing.x_scan__mutmut_36": "the key 'version' renamed in the saved listing's meta: nothing"
+    " reads it there (load_listing finds the version in the file's name, -v<VERSION>.npz)",
+    "turbotrain.data.listing.x_scan__mutmut_37": "'VERSION' for 'version': as mutant 36",
+    "turbotrain.data.listing.x_scan__mutmut_64": "labels dtype=None: numpy makes int64 of Python ints on the 64-bit"
+    " builds torch ships for; an empty split's float64 array is never indexed (an empty split is refused)",
+    "turbotrain.data.listing.x_scan__mutmut_66": "no dtype: as mutant 64",
     "turbotrain.data.tars.x__classes__mutmut_11": "default=-2 for shards without a sample: range(-1) is as empty as range(0)",
     "turbotrain.data.tars.xǁShardSourceǁ__init____mutmut_31": "None for '' as the digest of a class the split"
     " has no sample of: a resume compares it only with the same default, read back the same way",
