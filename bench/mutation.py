@@ -95,6 +95,9 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.data.listing.x_scan__mutmut_64": "labels dtype=None: numpy makes int64 of Python ints on the 64-bit"
     " builds torch ships for; an empty split's float64 array is never indexed (an empty split is refused)",
     "turbotrain.data.listing.x_scan__mutmut_66": "no dtype: as mutant 64",
+    "turbotrain.data.listing.x_scan__mutmut_72": "sizes dtype=None: as mutant 64 (an empty array hashes to the"
+    " same no bytes in the fingerprint, whatever its dtype)",
+    "turbotrain.data.listing.x_scan__mutmut_74": "no dtype: as mutant 72",
     "turbotrain.data.tars.x__classes__mutmut_11": "default=-2 for shards without a sample: range(-1) is as empty as range(0)",
     "turbotrain.data.tars.xǁShardSourceǁ__init____mutmut_31": "None for '' as the digest of a class the split"
     " has no sample of: a resume compares it only with the same default, read back the same way",
