@@ -1,0 +1,60 @@
+"""The surviving mutants of `python -m bench mutation` judged equivalent: each changes no behaviour
+a user could see, for the reason given (reviewed by hand, from its diff: `mutmut show NAME` in the
+job's work tree). A mutant listed here that a test kills counts as killed; the list is read by
+name, so a change to its function (which renumbers its mutants) calls for a second look."""
+
+# mutant name -> why no behaviour a user could see changes
+EQUIVALENT: dict[str, str] = {
+    "turbotrain.deploy.quantize.x_quantize_for__mutmut_4": "example=None: FX's prepare traces the model"
+    " symbolically and never runs the example input, so the artifact is the same",
+    "turbotrain.train.loop.xǁStepǁ_note_for_stop__mutmut_22": "stop_count -= bad: the count is only read as"
+    " zero or not (summed over ranks, all of one sign), and a first bad step still sets it non-zero",
+    "turbotrain.train.resume.x__schema_default__mutmut_3": "rpartition: no config key has two dots (groups"
+    " hold no nested mappings), so both split a key at its one dot",
+    "turbotrain.train.resume.x__schema_default__mutmut_10": "the None check dropped: OmegaConf.structured(None)"
+    " is None, whose select gives the default (_ABSENT) as the check did",
+    "turbotrain.train.resume.x__schema_default__mutmut_15": "default=None: the key is then set to None in the"
+    " saved values, which read None (old.get) when it is left out",
+    "turbotrain.train.resume.x__schema_default__mutmut_18": "no default (None): as mutant 15",
+    "turbotrain.train.loop.x_short_run__mutmut_10": "enabled=None for False: as falsy, the tracker is off and"
+    " writes nothing (a test checks that nothing is written)",
+    "turbotrain.train.loop.x_short_run__mutmut_11": "logger_cfg=None: a tracker that is off never reads it",
+    "turbotrain.train.loop.x_short_run__mutmut_12": "config=None: a tracker that is off never reads it",
+    "turbotrain.train.loop.x_short_run__mutmut_17": "run dir 'XX.XX' for '.': a tracker that is off writes nowhere",
+    "turbotrain.data.arrow.xǁArrowSourceǁ__init____mutmut_10": "fill_null(-2): a null label is left out as any negative label is",
+    "turbotrain.data.arrow.xǁArrowSourceǁ__init____mutmut_40": "top -2 for a split without labels:"
+    " range(-1) is as empty as range(0)",
+    "turbotrain.data.tars.x__index__mutmut_49": "dtype=None: numpy makes int64 of Python ints on the"
+    " 64-bit Linux and macOS builds torch ships for; an empty split's float64 arrays are never indexed",
+    "turbotrain.data.tars.x__index__mutmut_51": "no dtype: as mutant 49",
+    "turbotrain.data.tars.x__check_plain__mutmut_8": "read(None): the magic numbers are found at the start"
+    " of the whole file as of its first 6 bytes",
+    "turbotrain.data.tars.x__check_plain__mutmut_9": "read(7): as mutant 8",
+    "turbotrain.data.tars.x_index_shard__mutmut_21": "mode r (any compression) for r: (plain): the"
+    " compressions tarfile opens (gzip, bzip2, xz) are refused before it by their magic numbers",
+    "turbotrain.data.tars.x_index_shard__mutmut_81": "zip(strict=None) over the records: each record is one"
+    " (key, offset, size, label) tuple, so the four columns are of one length by construction",
+    "turbotrain.data.tars.x_index_shard__mutmut_83": "zip without strict: as mutant 81",
+    "turbotrain.data.tars.x_index_shard__mutmut_84": "zip(strict=False): as mutant 81",
+    "turbotrain.data.tars.x__label__mutmut_20": "`bool and not int|str` for `bool or not int|str`: a JSON value"
+    " that is neither int nor str (bool, float, null, list, object) never prints as digits alone, so the"
+    " digit test refuses what the type tests did",
+    "turbotrain.data.listing.x_scan__mutmut_36": "the key 'version' renamed in the saved listing's meta: nothing"
+    " reads it there (load_listing finds the version in the file's name, -v<VERSION>.npz)",
+    "turbotrain.data.listing.x_scan__mutmut_37": "'VERSION' for 'version': as mutant 36",
+    "turbotrain.data.listing.x_scan__mutmut_64": "labels dtype=None: numpy makes int64 of Python ints on the 64-bit"
+    " builds torch ships for; an empty split's float64 array is never indexed (an empty split is refused)",
+    "turbotrain.data.listing.x_scan__mutmut_66": "no dtype: as mutant 64",
+    "turbotrain.data.listing.x_scan__mutmut_72": "sizes dtype=None: as mutant 64 (an empty array hashes to the"
+    " same no bytes in the fingerprint, whatever its dtype)",
+    "turbotrain.data.listing.x_scan__mutmut_74": "no dtype: as mutant 72",
+    "turbotrain.data.tars.x__classes__mutmut_11": "default=-2 for shards without a sample: range(-1) is as empty as range(0)",
+    "turbotrain.data.tars.xǁShardSourceǁ__init____mutmut_31": "None for '' as the digest of a class the split"
+    " has no sample of: a resume compares it only with the same default, read back the same way",
+    "turbotrain.data.tars.xǁShardSourceǁ__init____mutmut_33": "no default (None): as mutant 31",
+    "turbotrain.data.tars.xǁShardSourceǁ__init____mutmut_35": "'XXXX' for '': as mutant 31",
+    "turbotrain.data.tars.x_load_index__mutmut_3": "the shards' stats joined by 'XX\\nXX': the digest is an opaque"
+    " name of the same stats (its index file, its decoded cache), as distinct between shard sets as before",
+    "turbotrain.data.tars.x_load_index__mutmut_6": "17 hex digits of the digest for 16: as mutant 3, a longer"
+    " name of the same stats",
+}
