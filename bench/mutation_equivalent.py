@@ -48,6 +48,14 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.data.listing.x_scan__mutmut_72": "sizes dtype=None: as mutant 64 (an empty array hashes to the"
     " same no bytes in the fingerprint, whatever its dtype)",
     "turbotrain.data.listing.x_scan__mutmut_74": "no dtype: as mutant 72",
+    "turbotrain.data.listing.x_scan__mutmut_80": "mtimes dtype=None: as mutant 72",
+    "turbotrain.data.listing.x_scan__mutmut_82": "no dtype: as mutant 72",
+    "turbotrain.data.listing.x_scan__mutmut_92": "dir_mtimes dtype=None: as mutant 64 (never empty: the root's is first)",
+    "turbotrain.data.listing.x_scan__mutmut_94": "no dtype: as mutant 92",
+    "turbotrain.data.listing.x_scan__mutmut_113": "17 hex digits of the fingerprint for 16: a longer name of the"
+    " same arrays (the decoded cache's folder name), as distinct between listings",
+    "turbotrain.data.listing.x_load_listing__mutmut_6": "17 hex digits of the root's digest in the saved"
+    " listing's file name for 16: a longer name, as distinct between roots",
     "turbotrain.data.tars.x__classes__mutmut_11": "default=-2 for shards without a sample: range(-1) is as empty as range(0)",
     "turbotrain.data.tars.xǁShardSourceǁ__init____mutmut_31": "None for '' as the digest of a class the split"
     " has no sample of: a resume compares it only with the same default, read back the same way",

@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torchvision import datasets as tvd
@@ -170,3 +171,17 @@ def test_a_broken_symlink_is_left_out_counted_and_named(tree, caplog):
         source = FolderSource(listing.scan(tree / "train"))
     assert [r.getMessage() for r in caplog.records] == [f"bad sample {link}: No such file or directory (skipped)"]
     assert source.left_out == 1 and len(source) == len(tvd.ImageFolder(str(tree / "train"))) - 1  # ImageFolder lists it
+
+
+def test_a_damaged_saved_listing_is_named_and_the_split_listed_again(tree, tmp_path, caplog):
+    index, train = tmp_path / "index", tree / "train"
+    first = FolderSource(listing.load_listing(train, index, rescan=False))
+    (saved,) = index.iterdir()
+    saved.write_bytes(b"not a listing")
+    with pytest.raises(ValueError) as numpy_says:  # the reference: numpy's own words for this file
+        np.load(saved)
+    with caplog.at_level("WARNING", logger="turbotrain"):
+        again = FolderSource(listing.load_listing(train, index, rescan=False))
+    root = train.resolve()
+    assert caplog.messages == [f"data.index: could not read {saved} ({numpy_says.value}); listing {root} again"]
+    assert [again.name(i) for i in range(len(again))] == [first.name(i) for i in range(len(first))]
