@@ -3,6 +3,7 @@ over the tree, saved and reused while the directories are unchanged."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -185,3 +186,28 @@ def test_a_damaged_saved_listing_is_named_and_the_split_listed_again(tree, tmp_p
     root = train.resolve()
     assert caplog.messages == [f"data.index: could not read {saved} ({numpy_says.value}); listing {root} again"]
     assert [again.name(i) for i in range(len(again))] == [first.name(i) for i in range(len(first))]
+
+
+def test_a_class_digest_is_the_one_earlier_releases_saved_in_checkpoints():
+    """A resume compares the digests in its checkpoint with the data's: a digest computed another
+    way (a new separator, length or order) would refuse every run saved before the change."""
+    assert listing.class_digest(["b.jpg 20", "a.jpg 10"]) == "a7fc89b921bce484"  # sha1 of the sorted lines, 16 digits
+    assert listing.class_digest([]) == "da39a3ee5e6b4b0d"  # an empty class: sha1 of nothing
+
+
+def test_a_listing_saved_before_it_counted_left_out_files_reads_as_none_left_out(tree):
+    """Releases before the broken-symlink count saved no left_out (same listing version)."""
+    saved = listing.scan(tree / "train")
+    meta = json.loads(str(saved["meta"]))
+    del meta["left_out"]
+    assert FolderSource({**saved, "meta": np.array(json.dumps(meta))}).left_out == 0
+
+
+def test_a_listing_that_cannot_be_saved_is_named_and_the_split_still_listed(tree, tmp_path, caplog):
+    index, train = tmp_path / "index", tree / "train"
+    index.write_text("a file where the index folder goes")
+    with caplog.at_level("WARNING", logger="turbotrain"):
+        source = FolderSource(listing.load_listing(train, index, rescan=False))
+    (message,) = caplog.messages
+    assert message.startswith(f"data.index: could not save the listing of {train.resolve()}: could not write {index}/train-")
+    assert len(source) == len(tvd.ImageFolder(str(train)))
