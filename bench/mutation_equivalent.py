@@ -9,6 +9,9 @@ EQUIVALENT: dict[str, str] = {
     " symbolically and never runs the example input, so the artifact is the same",
     "turbotrain.train.loop.xǁStepǁ_note_for_stop__mutmut_22": "stop_count -= bad: the count is only read as"
     " zero or not (summed over ranks, all of one sign), and a first bad step still sets it non-zero",
+    "turbotrain.train.loop.xǁTrainStateǁfrom_dict__mutmut_4": "another name than 'skips' left out of the fields a"
+    " checkpoint may set: no checkpoint holds 'skips' (as_dict leaves it out), so nothing else is dropped",
+    "turbotrain.train.loop.xǁTrainStateǁfrom_dict__mutmut_5": "'SKIPS': as mutant 4",
     "turbotrain.train.resume.x__schema_default__mutmut_3": "rpartition: no config key has two dots (groups"
     " hold no nested mappings), so both split a key at its one dot",
     "turbotrain.train.resume.x__schema_default__mutmut_10": "the None check dropped: OmegaConf.structured(None)"

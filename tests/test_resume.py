@@ -221,6 +221,16 @@ def test_resume_on_swapped_class_folders_or_other_samples_is_refused(jpeg_tree, 
         _jpeg_run(root, run, *resumed)
     _jpeg_run(root, run, *resumed, "trainer.resume_strict=false")  # said, and then allowed
     assert load(run / "checkpoints" / "last.pt")["state"]["epoch"] == 2
+    old = sorted(p.name for p in (root / "train").iterdir())
+    for split in ("train", "val"):  # a class renamed: other class names, the message says which
+        (root / split / "flower").rename(root / split / "flowers")
+    new = sorted(p.name for p in (root / "train").iterdir())
+    with pytest.raises(ConfigError) as refused:
+        _jpeg_run(root, run, "trainer.max_epochs=3", "trainer.resume=auto")
+    assert str(refused.value) == (
+        f"resuming {run / 'checkpoints' / 'last.pt'} on other data (classes {old} -> {new}): its labels or epoch order "
+        "are not the run's; restore the data, or set trainer.resume_strict=false to continue anyway"
+    )
 
 
 def test_resuming_another_runs_checkpoint_forks_it_and_never_writes_over_a_run(tmp_path, caplog):
