@@ -78,13 +78,16 @@ def _work_tree() -> Path:
     return work
 
 
-def _configure(work: Path, modules: list[str]) -> None:
+def _configure(work: Path) -> None:
+    """Every module of MODULES is mutmut's to mutate, whichever a run checks (it names them): mutmut
+    forgets which tests cover the functions of a file it is not told to mutate, and a later run of
+    that file would find none (each of its mutants "no tests") until a new stats pass."""
     text = (work / "pyproject.toml").read_text().split("\n[tool.mutmut]")[0]
     copied = sorted(p.name for p in work.iterdir() if p.name not in ("src", "mutants", "pyproject.toml"))
     config = [
         "[tool.mutmut]",
         'source_paths = ["src"]',
-        f"only_mutate = {modules!r}",
+        f"only_mutate = {MODULES!r}",
         'pytest_add_cli_args_test_selection = ["tests/"]',
         f"pytest_add_cli_args = {['-p', 'bench.mutation_order', *(a for t in STRUCTURE_TESTS for a in ('--deselect', t))]!r}",
         f"also_copy = {copied!r}",
@@ -117,18 +120,24 @@ def run(*modules: str, children: int = 2, left_only: bool = False) -> Path:
     if shutil.which("mutmut") is None:
         raise SystemExit("bench mutation needs mutmut: pip install -e .[mutation]")
     work = _work_tree()
-    _configure(work, modules)
+    _configure(work)
     left = _forget_survivors(work, modules)
     t0 = time.perf_counter()
     if left_only and not left:
         return collect(modules)
+    some = [] if modules == MODULES else [_pattern(m) for m in modules]
     with open(WORK / "mutmut.log", "w") as log:  # its progress, and why a clean-test pass failed
         env = {**os.environ, BUDGET_ENV: str(TEST_BUDGET_S)}
-        command = ["mutmut", "run", "--max-children", str(children), *(left if left_only else ())]
+        command = ["mutmut", "run", "--max-children", str(children), *(left if left_only else some)]
         done = subprocess.run(command, cwd=work, env=env, stdout=log, stderr=log, check=False)
     if done.returncode != 0:
         raise SystemExit(f"mutmut run failed (exit {done.returncode}); its output: {WORK / 'mutmut.log'}")
     return collect(modules, seconds=time.perf_counter() - t0, children=children)
+
+
+def _pattern(module: str) -> str:
+    """The mutmut names of a module's mutants, as a pattern: src/turbotrain/data/tars.py -> turbotrain.data.tars.x*"""
+    return module.removeprefix("src/").removesuffix(".py").replace("/", ".") + ".x*"
 
 
 def _forget_survivors(work: Path, modules: list[str]) -> list[str]:
