@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+import types
 
 import pytest
 import torch
@@ -248,8 +249,6 @@ def test_sgd_kernel_timing_drops_its_warm_up_and_takes_the_median_per_step(
     fused_s, foreach_s, logged, takes_fused, monkeypatch, caplog
 ):
     """The clock scripted round by round (fused then foreach, as the timing interleaves them)."""
-    import types
-
     from turbotrain.train import optim
 
     ends = iter(d for pair in zip(fused_s, foreach_s) for d in pair)
@@ -277,7 +276,6 @@ def test_a_short_run_takes_its_own_batches_and_keys_whatever_the_runs_trainer_sa
     from turbotrain.train.loop import short_run
 
     monkeypatch.chdir(tmp_path)
-
     cfg = make_cfg("precision=fp32", "trainer.max_steps=1", "trainer.channels_last=true")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
