@@ -86,3 +86,15 @@ def test_cyclic_peaks_at_max_lr_when_set_and_leaves_adams_betas_alone():
     rates, groups = _rates(overrides, 5, 40, 4, optim="adam")
     assert rates == pytest.approx([0.1, 0.3, 0.5, 0.3, 0.1])  # base 0.5 * optim.lr, peak sched.max_lr
     assert {tuple(g["betas"]) for g in groups} == {(0.9, 0.999)}
+
+
+@pytest.mark.parametrize(("warmup", "total"), [(0, 1), (3, 4), (2, 7)])
+def test_cosine_ends_at_its_floor_at_the_last_step_however_short_its_decay(warmup, total):
+    """Cosine from 1 at the end of the warm-up to min_lr_ratio at `total`, also for a decay of a
+    single step (a one-step run, or warm-up up to the last step)."""
+    from turbotrain.train.sched import WarmupCosine
+
+    schedule = WarmupCosine(warmup, total, 0.1)
+    assert schedule(warmup) == pytest.approx(1.0) and schedule(total) == pytest.approx(0.1)
+    mid = warmup + (total - warmup) / 2  # halfway down the cosine: halfway between 1 and the floor
+    assert schedule(mid) == pytest.approx(0.55)
