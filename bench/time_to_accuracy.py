@@ -64,6 +64,7 @@ TASKS = {
             "identity (Dirac) start of each block's first channels": "model.dirac=true",
             "multi-crop TTA (flip and 1-px shifts: 6 views)": "trainer.tta=flip_shift",
             "weight average (EMA, decay 0.99) for evaluation": "trainer.ema_decay=0.99",
+            "alternating flips (each image flipped every other epoch)": "data.augment=[{name: AlternatingHorizontalFlip}]",
         },
     ),
     "text": Task(

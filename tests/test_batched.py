@@ -81,11 +81,12 @@ def test_ops_without_a_batch_form_run_per_sample_with_the_same_draws():
     assert not torch.equal(batched, images)
 
 
-def test_cached_batches_are_the_per_sample_batches_of_the_jpeg_files(jpeg_tree, tmp_path):
-    """RandomResizedCrop and flip drawn sample by sample, as the per-sample path does: from a
-    cache that keeps the files' own pixels (no side above 200 px), the batched crops are the
-    per-sample path's crops."""
-    common = ("data=imagenet", f"data.root={jpeg_tree}", "data.image_size=48")
+@pytest.mark.parametrize("flip", ["RandomHorizontalFlip", "AlternatingHorizontalFlip"])
+def test_cached_batches_are_the_per_sample_batches_of_the_jpeg_files(jpeg_tree, tmp_path, flip):
+    """RandomResizedCrop and flip drawn sample by sample, as the per-sample path does (an
+    alternating flip: from each sample's index): from a cache that keeps the files' own pixels
+    (no side above 200 px), the batched crops are the per-sample path's crops."""
+    common = ("data=imagenet", f"data.root={jpeg_tree}", "data.image_size=48", f"data.augment=[{{name: {flip}}}]")
     cached = _batches(make_cfg(*common, "data.cache=raw", "data.cache_size=200", f"data.cache_dir={tmp_path}"))
     per_sample = _batches(make_cfg(*common))
     assert len(cached) == len(per_sample) > 0

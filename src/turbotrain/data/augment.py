@@ -1,6 +1,6 @@
 """Augmentation lists from config -> torchvision transforms v2 pipelines.
 
-Each entry is `{name: <torchvision.transforms.v2 class>, **kwargs}`; the
+Each entry is `{name: <torchvision.transforms.v2 class or one of OWN_OPS>, **kwargs}`; the
 `random_choice` policy applies one of its `ops` per sample (optionally with
 probabilities `p`). Eval pipelines never contain random ops.
 """
@@ -14,6 +14,9 @@ import torch
 from torchvision.transforms import v2
 
 from turbotrain.core.schema import ConfigError
+from turbotrain.data.alternating import AlternatingHorizontalFlip
+
+OWN_OPS = {"AlternatingHorizontalFlip": AlternatingHorizontalFlip}  # turbotrain's, by the same rule
 
 
 def build_op(spec: Any) -> v2.Transform:
@@ -24,12 +27,12 @@ def build_op(spec: Any) -> v2.Transform:
         if not ops:
             raise ConfigError("data.augment: random_choice needs a non-empty `ops` list")
         return v2.RandomChoice(ops, p=spec.pop("p", None))
-    op_cls = getattr(v2, str(name), None)
+    op_cls = OWN_OPS.get(str(name)) or getattr(v2, str(name), None)
     if not isinstance(op_cls, type) or not issubclass(op_cls, v2.Transform):
         raise ConfigError(
             f"data.augment: {name!r} is not a torchvision.transforms.v2 transform "
             "(e.g. RandomHorizontalFlip, RandomRotation, ColorJitter, GaussianBlur, "
-            "RandAugment, TrivialAugmentWide, RandomResizedCrop, random_choice)"
+            "RandAugment, TrivialAugmentWide, RandomResizedCrop, random_choice) nor AlternatingHorizontalFlip"
         )
     try:
         return op_cls(**spec)

@@ -89,7 +89,7 @@ class EncodedTrain(Dataset):
             names=[self.source.name(i) for i, _ in read],
             labels=torch.tensor([int(self.source.labels[i]) for i, _ in read], dtype=torch.int64),
             shapes=shapes,
-            draws=self.pipeline.draw(shapes),
+            draws=self.pipeline.draw(shapes, [i for i, _ in read]),
             dropped=len(indices) - len(read),
             seed=int(torch.randint(2**62, ())),
         )

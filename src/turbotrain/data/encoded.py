@@ -95,7 +95,7 @@ class CachedTrain(CacheView):
         self.augment = batch_pipeline(ops)
 
     def __getitems__(self, indices: list[int]) -> ImageBatch:
-        return ImageBatch(self.augment(self.cache.load(indices)), self.cache.labels[indices])
+        return ImageBatch(self.augment(self.cache.load(indices), indices), self.cache.labels[indices])
 
 
 class CachedEval(CacheView):

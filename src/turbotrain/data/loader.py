@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from turbotrain.core.registry import Registry
 from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, setting
 from turbotrain.core.seeds import derived_seed
+from turbotrain.data.alternating import fetching
 
 BUCKET_SPAN = 50  # length bucketing sorts windows of this many batches
 
@@ -108,8 +109,9 @@ class SeededBatches(Dataset):
     sample (and restored after), so a batch's augmentation depends on (seed, epoch, rank, its
     samples) alone, not on the process that fetches it nor on what that process fetched before:
     worker processes, persistent or not and any number of them, give the numbers of none, and a
-    resume at any step draws what the uninterrupted run drew. `epoch_seed`: a one-element shared
-    tensor, read at each batch (persistent workers live across epochs; it is set before each)."""
+    resume at any step draws what the uninterrupted run drew. `epoch_seed`: an epoch_seed_cell,
+    read at each batch (persistent workers live across epochs; it is set before each); its epoch
+    and run seed decide alternating flips (data/alternating.py), told the samples fetched."""
 
     def __init__(self, dataset: Dataset, epoch_seed: torch.Tensor):
         self.dataset, self.epoch_seed = dataset, epoch_seed
@@ -118,17 +120,29 @@ class SeededBatches(Dataset):
         return len(self.dataset)
 
     def __getitems__(self, indices: list[int]) -> list:
-        seed = derived_seed(int(self.epoch_seed), indices[0]) % 2**63
+        seed, epoch, run_seed = self.epoch_seed.tolist()
         with torch.random.fork_rng(devices=[]):  # the main process's stream (dropout, mixing) goes on untouched
-            torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that reseeds CUDA too
+            # not torch.manual_seed: that reseeds CUDA too
+            torch.default_generator.manual_seed(derived_seed(seed, indices[0]) % 2**63)
             if getattr(self.dataset, "__getitems__", None):
-                return self.dataset.__getitems__(indices)
-            return [self.dataset[i] for i in indices]
+                with fetching(run_seed, epoch):
+                    return self.dataset.__getitems__(indices)
+            out = []
+            for i in indices:
+                with fetching(run_seed, epoch, index=i):
+                    out.append(self.dataset[i])
+            return out
 
 
 def epoch_seed_cell() -> torch.Tensor:
-    """The cell SeededBatches reads: in shared memory, so worker processes see each epoch's value."""
-    return torch.zeros((), dtype=torch.int64).share_memory_()
+    """The cell SeededBatches reads, [the epoch's augmentation seed, the epoch, the run's seed]:
+    in shared memory, so worker processes see each epoch's values (set_epoch_seed)."""
+    return torch.zeros(3, dtype=torch.int64).share_memory_()
+
+
+def set_epoch_seed(cell: torch.Tensor, run_seed: int, epoch: int, rank: int) -> None:
+    """An augmentation stream per epoch and rank: ranks must not share one."""
+    cell.copy_(torch.tensor([derived_seed(run_seed, epoch + 1, rank), epoch, run_seed]))
 
 
 @dataclass

@@ -43,7 +43,7 @@ class DataConfig(DataCommon):
     progressive_from: float = 0.5  # then a linear ramp,
     progressive_until: float = 0.8  # reaching full size at this fraction of training
     max_image_pixels: int | None = setting(89_478_485, bound=POSITIVE)  # PIL's limit: larger files are bad samples
-    # training augmentation: torchvision transforms v2 by class name, with their arguments
+    # training augmentation: torchvision transforms v2 by class name, with their arguments (or AlternatingHorizontalFlip)
     augment: list[Any] = setting(factory=lambda: [{"name": "RandomHorizontalFlip", "p": 0.5}])
     mean: list[float] = setting(factory=lambda: [0.2860])  # per-channel normalization mean
     std: list[float] = setting(bound=POSITIVE, factory=lambda: [0.3530])  # per-channel normalization standard deviation
@@ -107,7 +107,7 @@ class TensorImageDataset(Dataset):
     def __getitems__(self, indices: list[int]) -> ImageBatch:
         index = torch.as_tensor(indices, dtype=torch.long)
         images = self.images[index]
-        return ImageBatch(self.batch_transform(images) if self.batch_transform else images, self.labels[index])
+        return ImageBatch(self.batch_transform(images, indices) if self.batch_transform else images, self.labels[index])
 
 
 class NormalizeCollate:

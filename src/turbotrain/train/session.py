@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from turbotrain.compression import prune
 from turbotrain.core import checkpoint as ckpt_io
 from turbotrain.core.atomic import remove_stale_temps
-from turbotrain.core.seeds import derived_seed
+from turbotrain.data.loader import set_epoch_seed
 from turbotrain.models import architecture
 from turbotrain.train import collectives as col
 from turbotrain.train import distributed as dist
@@ -194,8 +194,7 @@ class Run:
     def _train_epoch(self) -> dict:
         tc, p, state, info = self.cfg.trainer, self.p, self.state, self.info
         p.loaders.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * self.cfg.data.batch_size)
-        # an augmentation stream per epoch and rank: ranks must not share one
-        p.loaders.epoch_seed.fill_(derived_seed(tc.seed, state.epoch + 1, info.rank))
+        set_epoch_seed(p.loaders.epoch_seed, tc.seed, state.epoch, info.rank)
         stats = train_one_epoch(
             p.train_model,
             p.loaders.train,
