@@ -98,6 +98,9 @@ def timed_run(overrides: list[str], seed: int) -> dict:
         "acc1": vals[-1]["acc1"],
         "vals": vals,
         "precision": summary["autocast_dtype"] or "fp32",
+        "first_step_s": summary["time_to_first_step_s"],
+        "startup_s": summary["startup_s"],
+        "train_time_s": summary["train_time_s"],
     }
 
 
@@ -200,7 +203,27 @@ def _tables(path: Path, t: Task) -> str:
             f"{s['wall_s'] / baseline['wall_s']:.2f}x |"
         )
     changes = [line for kind, verb in CHANGES.items() for line in _changes(result, t, kind, verb)]
-    return "\n".join([*lines, *changes, "", f"![top-1 against wall time](assets/{path.stem}.png)"])
+    seconds = _where_seconds_go(t.speedrun, recipes[t.speedrun]["runs"])
+    return "\n".join([*lines, *seconds, *changes, "", f"![top-1 against wall time](assets/{path.stem}.png)"])
+
+
+def _where_seconds_go(name: str, runs: list[dict]) -> list[str]:
+    """The speedrun's wall time by part, medians over its runs: start-up phase by phase (the
+    run's summary.json), training and validation, and the rest (the process's end, files)."""
+    if "startup_s" not in runs[0]:  # runs from before summary.json had the phases
+        return []
+    parts = {phase: [r["startup_s"][phase] for r in runs] for phase in runs[0]["startup_s"]}
+    parts["training and validation"] = [r["train_time_s"] for r in runs]
+    parts["the rest (saving, exit)"] = [r["wall_s"] - r["first_step_s"] - r["train_time_s"] for r in runs]
+    cells = " | ".join(f"{statistics.median(v):.2f} s" for v in parts.values())
+    return [
+        "",
+        f"Where `{name}`'s wall time goes (medians of its {len(runs)} runs; start-up from each run's `summary.json`):",
+        "",
+        "| " + " | ".join(parts) + " |",
+        "|" + "---|" * len(parts),
+        f"| {cells} |",
+    ]
 
 
 def _changes(result: dict, t: Task, kind: str, verb: str) -> list[str]:

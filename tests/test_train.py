@@ -65,6 +65,16 @@ def _check_summary(summary: dict, cfg, run_dir, events: list[dict], started: flo
     assert summary["rank_peak_mem_mb"] == [summary["peak_mem_mb"]] and 0 < summary["peak_mem_mb"] <= peak_mem_mb(CPU)
     assert len(summary["rank_epoch_time_s"]) == 1 and 0 < summary["rank_epoch_time_s"][0] < summary["train_time_s"]
     assert age < summary["time_to_first_step_s"] < process_age_s()  # this process's age at the first step
+    startup = summary["startup_s"]  # where the seconds before it went, phase by phase
+    assert list(startup) == [
+        "python, imports, config, run dir",
+        "data, model",
+        "initial weights (whitening fit, checkpoint)",
+        "loaders, compression, autotune, optimizer",
+        "first step (its batch, kernels)",
+    ]
+    assert sum(startup.values()) == pytest.approx(summary["time_to_first_step_s"], abs=0.005)
+    assert startup["python, imports, config, run dir"] > age and min(startup.values()) > 0
     model = build_model(cfg.model, data.num_classes, data.in_channels)
     assert summary["params"] == sum(p.numel() for p in model.parameters())
     with FlopCounterMode(display=False) as counter, torch.no_grad():

@@ -35,6 +35,7 @@ from turbotrain.train.preemption import StopFlag
 from turbotrain.train.resume import check_data
 from turbotrain.train.sched import build_scheduler
 from turbotrain.train.surgery import apply_surgery, initial_weights
+from turbotrain.train.tracking import process_age_s
 
 log = logging.getLogger("turbotrain")
 
@@ -67,6 +68,8 @@ class Parts:
     on_device: Callable | None
     autotune: dict | None  # trainer.autotune's table and choice
     ema: AveragedModel | None  # trainer.ema_decay: the weight average
+    # the process's age as each part of start-up ended (summary.json's startup_s, by phase)
+    startup: dict[str, float]
 
 
 def build(
@@ -81,11 +84,14 @@ def build(
     trainer.autotune's measured one) are written into `cfg`, which is the run's effective config
     from here on (checkpoints save it; resume reuses it). `stop`: the run's stop request, polled
     by compression's evaluations and fine-tuning and autotune's trials."""
+    startup = {"python, imports, config, run dir": process_age_s()}
     with dist.rank_zero_first(info):  # downloads and decoded caches: once per job (or node)
         data, model = _data_and_model(cfg)
+    startup["data, model"] = process_age_s()
     if resume_ckpt is not None:
         check_data(resume_ckpt, data, resume_path, cfg.trainer.resume_strict)
     initial_weights(model, cfg, data, resume_ckpt, resume_path)
+    startup["initial weights (whitening fit, checkpoint)"] = process_age_s()
     loaders = _loaders(cfg, data, info, device)
     compression = apply_surgery(cfg, model, data.kind, loaders.train, loaders.val, resume_ckpt is not None, stop)
     params, flops = sum(p.numel() for p in model.parameters()), count_flops(model, _flop_example(data))
@@ -105,7 +111,8 @@ def build(
         load_ema(ema, resume_ckpt["ema"])
     on_device = _on_device(resize, build_mix(cfg.data, data.kind, data.num_classes))
     parts = (data, model, train_model, precision, loaders, optimizer, scheduler, params, flops, compression, on_device, tuned)
-    return Parts(*parts, ema)
+    startup["loaders, compression, autotune, optimizer"] = process_age_s()
+    return Parts(*parts, ema, startup)
 
 
 def _data_and_model(cfg) -> tuple[DataBundle, nn.Module]:

@@ -10,6 +10,15 @@ from turbotrain.train import resume
 from turbotrain.train.tracking import peak_mem_mb
 
 
+def startup_phases(ended_at: dict[str, float], first_step_s: float | None) -> dict[str, float]:
+    """Seconds each part of start-up took, from the process's age as each ended: up to the
+    first optimizer step (its batch, its kernels), the last part."""
+    if first_step_s is not None:
+        ended_at = {**ended_at, "first step (its batch, kernels)": first_step_s}
+    ages = list(ended_at.values())
+    return {name: round(age - before, 3) for name, age, before in zip(ended_at, ages, [0.0, *ages], strict=False)}
+
+
 def summary_of(run) -> dict:
     cfg, p, state = run.cfg, run.p, run.state
     samples, seconds, wait = run.session.tolist()
@@ -27,6 +36,7 @@ def summary_of(run) -> dict:
         "data_wait_frac": wait / seconds if seconds else None,
         "peak_mem_mb": peak_mem_mb(run.device),
         "time_to_first_step_s": run.first_step_s,
+        "startup_s": startup_phases(p.startup, run.first_step_s),
         "params": p.params,
         "flops": p.flops,
         "device": str(run.device),
