@@ -323,3 +323,24 @@ def test_every_rng_continues_from_a_saved_checkpoint_as_if_never_stopped(tmp_pat
     torch.manual_seed(0), np.random.seed(0), random.seed(0)  # what the process did meanwhile
     set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True)["rng"])
     assert _draws() == uninterrupted
+
+
+def test_each_rank_resumes_its_own_rng_streams_and_old_checkpoints_give_rank_0s():
+    """payload keeps every rank's RNG state; rank_rng hands rank r its own (a 2-rank job's rank 1
+    must not repeat rank 0's augmentation), and a checkpoint from before per-rank states (`rng`
+    alone) or from fewer ranks gives rank 0's."""
+    from turbotrain.core.checkpoint import payload, rank_rng, rng_state
+
+    states = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        states.append(rng_state())
+    model = torch.nn.Linear(2, 2)
+    parts = {"optimizer": torch.optim.SGD(model.parameters()), "scheduler": None, "scaler": None, "state": {}}
+    ckpt = payload(state_dict=model.state_dict(), **parts, config_yaml="", arch={}, metrics={}, rng=states)
+    assert all(torch.equal(rank_rng(ckpt, r)["torch"], states[r]["torch"]) for r in (0, 1))
+    assert not torch.equal(states[0]["torch"], states[1]["torch"])
+    assert ckpt["rng"] is states[0] and ckpt["world_size"] == 2  # the format's rank-0 field, read by older versions
+    assert torch.equal(rank_rng(ckpt, 2)["torch"], states[0]["torch"])  # more ranks than saved: rank 0's
+    old = {"rng": states[1]}  # format without rng_ranks
+    assert all(rank_rng(old, r) is states[1] for r in (0, 1))
