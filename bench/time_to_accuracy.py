@@ -50,7 +50,7 @@ TASKS = {
         {"default": ([], 3), "speedrun": (["experiment=speedrun"], 5), "speedrun_93": (["experiment=speedrun_93"], 3)},
         "speedrun",
         {
-            "narrow first block (widths 16, 48, 128)": "model.widths=[32,64,128]",
+            "narrow first and last blocks (widths 16, 48, 96)": "model.widths=[32,64,128]",
             "patch-whitening first layer": "model.whiten=false",
             "label smoothing 0.1": "trainer.label_smoothing=0",
             "flip TTA": "trainer.tta=none",
