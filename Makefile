@@ -5,8 +5,8 @@ PY ?= python
 setup:
 	bash .ci/setup.sh
 
-train: setup
-	$(PY) train.py
+train: setup  # a newcomer's first run: the fastest recipe (python train.py alone is the plain one)
+	$(PY) train.py experiment=speedrun
 	$(PY) export.py deploy=int8
 
 test: setup

@@ -1,9 +1,10 @@
 """Mutation testing of the modules that decide a run's numbers and its safety, with mutmut 3
 (`pip install -e .[mutation]`): each mutant (an operator, a constant, a keyword argument changed
 in one place) runs the default suite's tests that execute the mutated function (mutmut records
-which in a first pass), fastest first and up to TEST_BUDGET_S seconds of them, in processes forked
-from a fork server (torch is not fork-safe once its thread pool has run). A mutant is killed when
-one of those tests fails or runs past its CPU-time limit (see _configure).
+which in a first pass), cheapest first (their fixtures' set-up counted: bench/mutation_order.py)
+and up to TEST_BUDGET_S seconds of them, in processes forked from a fork server (torch is not
+fork-safe once its thread pool has run). A mutant is killed when one of those tests fails or
+runs past its CPU-time limit (see _configure).
 Tests that start train.py or torchrun run the unmutated package in those processes (mutmut's
 trampolines cannot run outside its own): code only they reach counts as "no tests".
 
