@@ -54,7 +54,8 @@ TASKS = {
             "patch-whitening first layer": "model.whiten=false",
             "label smoothing 0.1": "trainer.label_smoothing=0",
             "flip TTA": "trainer.tta=none",
-            "random flips in training": "data.augment=[]",
+            "alternating flips (each image flipped every other epoch), not random": "data.augment=[{name: RandomHorizontalFlip}]",
+            "flips in training": "data.augment=[]",
             "linear (triangular) one-cycle annealing, not cosine": "sched.anneal_strategy=cos",
             "Nesterov momentum": "optim.nesterov=false",
             "bf16 autocast (where the CPU has it)": "precision=fp32",
@@ -64,7 +65,6 @@ TASKS = {
             "identity (Dirac) start of each block's first channels": "model.dirac=true",
             "multi-crop TTA (flip and 1-px shifts: 6 views)": "trainer.tta=flip_shift",
             "weight average (EMA, decay 0.99) for evaluation": "trainer.ema_decay=0.99",
-            "alternating flips (each image flipped every other epoch)": "data.augment=[{name: AlternatingHorizontalFlip}]",
         },
     ),
     "text": Task(

@@ -222,7 +222,9 @@ SPECIFIC = {
     ("distributed", "none"): lambda b: distributed.setup(b["cfg"].distributed, "cpu")[0].world_size == 1,
     ("distributed", "ddp"): lambda b: (b["cfg"].distributed.nproc, b["cfg"].distributed.backend) == (2, "auto"),
     ("experiment", "resnet18_fashion"): lambda b: "BasicBlock" in _modules(b["model"]) and b["cfg"].data.image_size == 64,
-    ("experiment", "speedrun"): lambda b: _fast_cnn(b, [16, 48, 96], epochs=2),
+    ("experiment", "speedrun"): lambda b: (
+        _fast_cnn(b, [16, 48, 96], epochs=2) and b["cfg"].data.augment[0].name == "AlternatingHorizontalFlip"
+    ),
     ("experiment", "speedrun_93"): lambda b: (
         _fast_cnn(b, [32, 64, 128], epochs=5) and b["cfg"].data.augment[0].name == "AlternatingHorizontalFlip"
     ),
