@@ -74,7 +74,7 @@ def _check_summary(summary: dict, cfg, run_dir, events: list[dict], started: flo
         "first step (its batch, kernels)",
     ]
     assert sum(startup.values()) == pytest.approx(summary["time_to_first_step_s"], abs=0.005)
-    assert startup["python, imports, config, run dir"] > age and min(startup.values()) > 0
+    assert startup["python, imports, config, run dir"] > age  # from the process's start to build(): past the age before train()
     model = build_model(cfg.model, data.num_classes, data.in_channels)
     assert summary["params"] == sum(p.numel() for p in model.parameters())
     with FlopCounterMode(display=False) as counter, torch.no_grad():
