@@ -19,6 +19,9 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.train.resume.x__schema_default__mutmut_15": "default=None: the key is then set to None in the"
     " saved values, which read None (old.get) when it is left out",
     "turbotrain.train.resume.x__schema_default__mutmut_18": "no default (None): as mutant 15",
+    "turbotrain.data.loader.x_set_epoch_seed__mutmut_9": "epoch - 1 for epoch + 1: another stream per epoch,"
+    " as distinct across run seeds, epochs and ranks (what a user can see; tests/test_alternating checks it)",
+    "turbotrain.data.loader.x_set_epoch_seed__mutmut_10": "epoch + 2: as mutant 9",
     "turbotrain.train.loop.x_short_run__mutmut_10": "enabled=None for False: as falsy, the tracker is off and"
     " writes nothing (a test checks that nothing is written)",
     "turbotrain.train.loop.x_short_run__mutmut_11": "logger_cfg=None: a tracker that is off never reads it",

@@ -69,3 +69,16 @@ def test_every_loader_path_flips_the_batched_paths_samples(path):
 def test_outside_a_training_loader_it_refuses_to_guess():
     with pytest.raises(RuntimeError, match="only in a training loader"):
         AlternatingHorizontalFlip()(tv_tensors.Image(torch.zeros(1, 4, 4, dtype=torch.uint8)))
+
+
+def test_each_run_seed_epoch_and_rank_has_its_own_augmentation_stream():
+    """set_epoch_seed's first field seeds a batch's draws: two runs, two epochs or two DDP ranks
+    sharing one would augment alike (the ranks: the same crops and flips on their two halves of
+    the batch). The other two fields are the epoch and the run seed that alternating flips read."""
+    cells = {}
+    for key in [(0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)]:  # (run seed, epoch, rank)
+        cell = epoch_seed_cell()
+        set_epoch_seed(cell, *key)
+        cells[key] = cell.tolist()
+    assert len({seed for seed, _, _ in cells.values()}) == len(cells)
+    assert [(epoch, run_seed) for _, epoch, run_seed in cells.values()] == [(0, 0), (0, 1), (1, 0), (0, 0)]
