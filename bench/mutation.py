@@ -32,9 +32,10 @@ from bench.mutation_equivalent import EQUIVALENT
 from bench.mutation_order import BUDGET_ENV
 
 WORK = Path(os.path.expanduser("~/.cache/turbotrain/bench/mutation"))
-# seconds of covering tests (their stats-pass times, fastest first) a mutant runs: a survivor of
-# a function every training test runs would otherwise cost ten minutes; a survivor is worth
-# trying against the rest (mutmut run <name>, budget unset) before a test is written for it
+# seconds of covering tests (their stats-pass times and fixture set-up, cheapest first) a mutant
+# runs: a survivor of a function every training test runs would otherwise cost ten minutes; a
+# survivor is worth trying against the rest (mutmut run <name>, budget unset) before a test is
+# written for it
 TEST_BUDGET_S = 30.0
 MODULES = [
     f"src/turbotrain/{m}.py"
@@ -243,7 +244,7 @@ def section(results: Path) -> str:
 
 def _budget(result: dict) -> str:
     budget = result.get("test_budget_s")  # runs from before the budget ran every covering test
-    return f", each mutant against its covering tests fastest first, up to {budget:g} s of them" if budget else ""
+    return f", each mutant against its covering tests cheapest first, up to {budget:g} s of them" if budget else ""
 
 
 if __name__ == "__main__":  # python -m bench.mutation [--collect | --left] [module ...]
