@@ -362,3 +362,13 @@ def test_the_best_epoch_not_the_last_is_the_runs_best(tmp_path, monkeypatch):
     best, last = load(tmp_path / "checkpoints" / "best.pt"), load(tmp_path / "checkpoints" / "last.pt")
     assert (best["state"]["epoch"], best["metrics"]["val_acc1"]) == (1, 0.9)
     assert (last["state"]["epoch"], last["metrics"]["val_acc1"]) == (2, 0.5)
+
+
+def test_startup_phases_are_the_gaps_between_the_ages_each_part_ended_at():
+    from turbotrain.train.summary import startup_phases
+
+    ended = {"imports": 1.5, "data": 4.0, "model": 4.25}
+    first = "first step (its batch, kernels)"
+    assert startup_phases(ended, 5.0) == {"imports": 1.5, "data": 2.5, "model": 0.25, first: 0.75}
+    assert startup_phases(ended, None) == {"imports": 1.5, "data": 2.5, "model": 0.25}
+    assert startup_phases({"imports": 0.12345, "data": 0.2}, None) == {"imports": 0.123, "data": 0.077}
