@@ -19,6 +19,14 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.train.resume.x__schema_default__mutmut_15": "default=None: the key is then set to None in the"
     " saved values, which read None (old.get) when it is left out",
     "turbotrain.train.resume.x__schema_default__mutmut_18": "no default (None): as mutant 15",
+    "turbotrain.train.resume.x__numeric__mutmut_3": "rpartition: as _schema_default's mutant 3",
+    "turbotrain.train.resume.x__numeric__mutmut_15": "rest.split(None): a field name holds no space and, with no"
+    " two-dot key, no dot, so both give the whole name",
+    "turbotrain.train.resume.x__numeric__mutmut_16": "rest.split('XX.XX'): as mutant 15",
+    "turbotrain.train.resume.x_changed_keys__mutmut_4": "resolve=None for False on the saved config: as falsy, the"
+    " same; and the saved yaml is written resolved (session.py), so it holds no interpolation either way",
+    "turbotrain.train.resume.x_changed_keys__mutmut_6": "resolve=True on the saved config: it holds no"
+    " interpolation (written resolved), so resolving changes nothing",
     "turbotrain.data.loader.x_set_epoch_seed__mutmut_9": "epoch - 1 for epoch + 1: another stream per epoch,"
     " as distinct across run seeds, epochs and ranks (what a user can see; tests/test_alternating checks it)",
     "turbotrain.data.loader.x_set_epoch_seed__mutmut_10": "epoch + 2: as mutant 9",

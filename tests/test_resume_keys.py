@@ -33,6 +33,18 @@ def test_a_key_the_saved_run_lacks_counts_as_its_default():
     assert changed_keys(saved, make_cfg(*TINY)) == []
     assert changed_keys(saved, make_cfg(*TINY, "trainer.label_smoothing=0.1")) == [("trainer.label_smoothing", 0.0, 0.1)]
 
+    def before_the_precision_group(raw):  # a whole group added after the run, one with numeric keys
+        del raw["precision"]
+
+    assert changed_keys(_saved(edit=before_the_precision_group), make_cfg(*TINY)) == []
+
+
+def test_a_value_typed_as_an_interpolation_is_compared_resolved():
+    # the saved config holds resolved values: `${optim.lr}` is 0.1 there and here
+    new = make_cfg(*TINY, "trainer.grad_clip=${optim.lr}")
+    assert changed_keys(OmegaConf.to_yaml(new, resolve=True), new) == []
+    assert changed_keys(_saved(), new) == [("trainer.grad_clip", None, 0.1)]
+
 
 def test_a_key_only_the_saved_run_has_is_no_change():
     def with_retired_keys(raw):  # fields a later turbotrain dropped, numeric once or not
