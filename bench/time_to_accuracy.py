@@ -81,6 +81,7 @@ TASKS = {
             "label smoothing 0.1": "trainer.label_smoothing=0",
             "learning rate 2e-4 (wordnet_minilm's is 5e-5)": "optim.lr=5e-5",
         },
+        {"only the lowest 4 of MiniLM's 6 blocks (the classifier on block 4)": "model.layers=4"},
     ),
 }
 

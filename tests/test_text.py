@@ -113,11 +113,16 @@ def test_sliding_window_run_with_extended_positions(tmp_path):
     assert ckpt["model"]["bert.embeddings.position_embeddings.weight"].shape[0] == 640
 
 
-def test_frozen_embeddings_and_lowest_block_stay_as_loaded(tmp_path):
+def _two_topic_files(tmp_path) -> tuple[str, ...]:
+    """data= overrides for 32 short texts of two topics, training and validation alike."""
     texts = tmp_path / "texts.csv"
     rows = [f"a story about {w} number {i},{w}" for i in range(16) for w in ("cats", "ships")]
     texts.write_text("\n".join(["text,label", *rows]))
-    data = ("data=text_files", f"data.train_path={texts}", f"data.val_path={texts}", "data.max_length=16")
+    return ("data=text_files", f"data.train_path={texts}", f"data.val_path={texts}", "data.max_length=16")
+
+
+def test_frozen_embeddings_and_lowest_block_stay_as_loaded(tmp_path):
+    data = _two_topic_files(tmp_path)
     frozen = ("model=minilm", "model.freeze_embeddings=true", "model.frozen_layers=1")
     cfg = make_cfg(*TEXT[1:], *data, *frozen, "trainer.max_steps=2", "trainer.max_epochs=1")
     train(cfg, tmp_path / "run")
@@ -151,9 +156,32 @@ def test_model_dropout_reaches_every_dropout_of_a_text_model_but_attention(dropo
     assert torch.equal(first, second) == (dropout == 0.0)
 
 
-def test_frozen_layers_beyond_the_model_are_refused(tmp_path):
+def test_model_layers_keeps_the_lowest_blocks_and_a_run_of_it_reloads(tmp_path):
+    from omegaconf import OmegaConf
+
+    shape = OmegaConf.create({"kind": "text", "num_classes": 2, "in_channels": 0})
+    full_cfg, short_cfg = make_cfg("model=minilm"), make_cfg("model=minilm", "model.layers=4", "model.frozen_layers=1")
+    tokenizer = build_tokenizer_for(full_cfg.model, 16)
+    full, short = (build_for(c.model, shape, tokenizer, 16).eval() for c in (full_cfg, short_cfg))
+    batch = tokenizer(["a small dog", "an old ship that sails the sea"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        reference = full.bert(**batch, output_hidden_states=True).hidden_states[4]  # the output of block 4 of 6
+        torch.testing.assert_close(short.bert(**batch).last_hidden_state, reference, rtol=0, atol=0)
+    assert len(short.bert.encoder.layer) == short.config.num_hidden_layers == 4
+    assert [next(b.parameters()).requires_grad for b in short.bert.encoder.layer] == [False, True, True, True]
+    short_run = ("model=minilm", "model.layers=2", "trainer.max_steps=2", "trainer.max_epochs=1")
+    cfg = make_cfg(*TEXT[1:], *_two_topic_files(tmp_path), *short_run)
+    train(cfg, tmp_path / "run")
+    saved = load(tmp_path / "run" / "checkpoints" / "last.pt")["model"]
+    assert {k.split(".")[3] for k in saved if k.startswith("bert.encoder.layer.")} == {"0", "1"}
+    build_for(cfg.model, build_data(cfg.data, tokenizer), tokenizer, 16).load_state_dict(saved)  # strict: what export does
+
+
+def test_frozen_or_kept_layers_beyond_the_model_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="model.frozen_layers=3: the model has 2 transformer blocks"):
         train(make_cfg(*TEXT, "model.frozen_layers=3", "trainer.max_steps=1"), tmp_path)
+    with pytest.raises(ConfigError, match=r"model.layers=3: the model has 2 transformer blocks; set at most 2, or null for all"):
+        train(make_cfg(*TEXT, "model.layers=3", "trainer.max_steps=1"), tmp_path)
 
 
 @pytest.mark.slow  # real processes, ~20-50 s on a 2-core CPU: `python -m pytest -m slow`

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from turbotrain.core.schema import NON_NEGATIVE, ConfigError, setting
+from turbotrain.core.schema import NON_NEGATIVE, POSITIVE, ConfigError, setting
 from turbotrain.models.attention.options import ATTENTION_DROPOUT, extend_positions
 from turbotrain.models.catalog import MODELS, ModelConfig, Shape
 
@@ -24,6 +24,9 @@ class TextModelConfig(ModelConfig):
     freeze_embeddings: bool = False
     # keep the lowest N transformer blocks as loaded: backward stops above them
     frozen_layers: int = setting(0, bound=NON_NEGATIVE)
+    # keep only the lowest N transformer blocks (None: all), the classifier on top of block N: each
+    # token costs N/L of the whole model's compute, in training, validation and the artifact
+    layers: int | None = setting(None, bound=POSITIVE)
 
 
 def model_path(model_cfg) -> str:
@@ -85,7 +88,9 @@ def pretrained(model_cfg, shape: Shape) -> nn.Module:
 
 
 def _configured(model: nn.Module, model_cfg) -> nn.Module:
-    """model.dropout, model.freeze_embeddings and model.frozen_layers applied."""
+    """model.layers, model.dropout, model.freeze_embeddings and model.frozen_layers applied."""
+    if model_cfg.layers is not None:
+        _keep_lowest(model, model_cfg.layers)
     if model_cfg.dropout is not None:
         _set_hidden_dropout(model, model_cfg.dropout)
     _freeze(model, model_cfg)
@@ -102,6 +107,15 @@ def _freeze(model: nn.Module, model_cfg) -> None:
             raise ConfigError(f"model.frozen_layers={model_cfg.frozen_layers}: the model has {len(blocks)} transformer blocks")
         for block in blocks[: model_cfg.frozen_layers]:
             block.requires_grad_(False)
+
+
+def _keep_lowest(model: nn.Module, n: int) -> None:
+    blocks = _blocks(model)
+    if n > len(blocks):
+        have = len(blocks)
+        raise ConfigError(f"model.layers={n}: the model has {have} transformer blocks; set at most {have}, or null for all")
+    del blocks[n:]
+    model.config.num_hidden_layers = n  # what a saved config and _blocks read
 
 
 def _set_hidden_dropout(model: nn.Module, p: float) -> None:
