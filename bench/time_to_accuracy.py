@@ -156,10 +156,11 @@ def figures(result: dict) -> list[dict]:
     t, recipes = _task(result), result["recipes"]
     baseline, speedrun = summary(next(iter(recipes.values()))["runs"]), summary(recipes[t.speedrun]["runs"])
     ratio = baseline["wall_s"] / speedrun["wall_s"]
+    short = f"; {t.speedrun}'s mean is under the target" if speedrun["mean"] < t.target else ""
     return [
         {
             "ours": f"{ratio:.1f}x ({speedrun['wall_s']:.1f} s vs {baseline['wall_s']:.1f} s median wall, mean top-1 "
-            f"{speedrun['mean']:.2%} vs {baseline['mean']:.2%})",
+            f"{speedrun['mean']:.2%} vs {baseline['mean']:.2%}{short})",
             "ratio": ratio,
         }
     ]
