@@ -23,6 +23,13 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.train.resume.x__numeric__mutmut_15": "rest.split(None): a field name holds no space and, with no"
     " two-dot key, no dot, so both give the whole name",
     "turbotrain.train.resume.x__numeric__mutmut_16": "rest.split('XX.XX'): as mutant 15",
+    "turbotrain.train.resume.x_continue_schedule__mutmut_12": "every warning ignored around the one scheduler"
+    " step, not only UserWarning: that step raises only the 'step() before optimizer.step()' UserWarning",
+    "turbotrain.train.summary.x_startup_phases__mutmut_16": "zip(strict=None): falsy, zip's default, as strict=False"
+    " (the list of earlier ages is one longer by design)",
+    "turbotrain.train.summary.x_startup_phases__mutmut_20": "strict left out: as mutant 16",
+    "turbotrain.core.checkpoint.x_restore__mutmut_12": "zip(strict=None): the kernels are read off the same"
+    " optimizer's groups, and load_state_dict refuses another group count, so the lengths always agree",
     "turbotrain.train.resume.x_changed_keys__mutmut_4": "resolve=None for False on the saved config: as falsy, the"
     " same; and the saved yaml is written resolved (session.py), so it holds no interpolation either way",
     "turbotrain.train.resume.x_changed_keys__mutmut_6": "resolve=True on the saved config: it holds no"

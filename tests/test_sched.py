@@ -98,3 +98,22 @@ def test_cosine_ends_at_its_floor_at_the_last_step_however_short_its_decay(warmu
     assert schedule(warmup) == pytest.approx(1.0) and schedule(total) == pytest.approx(0.1)
     mid = warmup + (total - warmup) / 2  # halfway down the cosine: halfway between 1 and the floor
     assert schedule(mid) == pytest.approx(0.55)
+
+
+def test_continue_schedule_puts_a_fresh_scheduler_at_the_saved_step_and_leaves_it_without_one():
+    from turbotrain.train.resume import continue_schedule
+
+    cfg = make_cfg("sched=cosine", "sched.warmup_steps=4", "optim.lr=0.2")
+    built = []
+    for _ in range(2):
+        opt = build_optimizer(nn.Linear(3, 2), cfg.optim)
+        built.append((opt, build_scheduler(opt, cfg.sched, cfg.optim, total_steps=20, steps_per_epoch=5)))
+    (ran_opt, ran), (fresh_opt, fresh) = built
+    for _ in range(7):
+        ran_opt.step()
+        ran.step()
+    continue_schedule(fresh, ran.state_dict())
+    assert (fresh.last_epoch, fresh_opt.param_groups[0]["lr"]) == (7, ran_opt.param_groups[0]["lr"])
+    continue_schedule(None, ran.state_dict())  # a run without a schedule: nothing to put anywhere
+    continue_schedule(fresh, None)  # a checkpoint without one: the fresh schedule stays where it is
+    assert (fresh.last_epoch, fresh_opt.param_groups[0]["lr"]) == (7, ran_opt.param_groups[0]["lr"])
