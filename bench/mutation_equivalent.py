@@ -30,6 +30,8 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.train.summary.x_startup_phases__mutmut_20": "strict left out: as mutant 16",
     "turbotrain.core.checkpoint.x_restore__mutmut_12": "zip(strict=None): the kernels are read off the same"
     " optimizer's groups, and load_state_dict refuses another group count, so the lengths always agree",
+    "turbotrain.core.checkpoint.x_restore__mutmut_15": "strict left out: as mutant 12",
+    "turbotrain.core.checkpoint.x_restore__mutmut_16": "strict=False: as mutant 12",
     "turbotrain.train.resume.x_changed_keys__mutmut_4": "resolve=None for False on the saved config: as falsy, the"
     " same; and the saved yaml is written resolved (session.py), so it holds no interpolation either way",
     "turbotrain.train.resume.x_changed_keys__mutmut_6": "resolve=True on the saved config: it holds no"

@@ -85,6 +85,9 @@ def test_restore_loads_the_state_and_keeps_the_optimizers_own_kernel():
     group = fused.param_groups[0]
     assert (group["fused"], group["foreach"], group["lr"], scaler.get_scale()) == (True, None, 0.5, 64.0)
     assert torch.equal(next(iter(fused.state.values()))["momentum_buffer"], torch.full((3,), 2.0))
+    ckpt_io.restore({**saved, "scaler": None}, optimizer=fused, scaler=scaler)  # a run saved without one: kept
+    ckpt_io.restore(saved, optimizer=fused, scaler=None)  # a scaler saved, none here: nothing to load into
+    assert scaler.get_scale() == 64.0
 
 
 def test_without_hard_links_last_is_a_second_write_of_the_same_state(tmp_path, monkeypatch):

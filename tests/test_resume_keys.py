@@ -4,11 +4,15 @@ resume refuses them are in test_resume.py and test_recipe.py; this one costs mil
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import yaml
 from omegaconf import OmegaConf
 
 from conftest import TINY, make_cfg
-from turbotrain.train.resume import changed_keys
+from turbotrain.config import ConfigError
+from turbotrain.train.resume import changed_keys, check_config
 
 
 def _saved(*overrides: str, edit=None) -> str:
@@ -62,3 +66,16 @@ def test_another_options_keys_are_judged_by_the_option_that_has_them():
     for old, new in ((sgd, adamw), (adamw, sgd)):
         expected = [(f"optim.{k}", old[k], new[k]) for k in sorted(old)]
         assert changed_keys(_saved(f"optim={old['name']}"), make_cfg(*TINY, f"optim={new['name']}")) == expected
+
+
+def test_another_world_size_is_a_change_and_an_old_checkpoint_counts_as_one_process():
+    path, cfg = Path("run/checkpoints/last.pt"), make_cfg(*TINY)
+    with pytest.raises(ConfigError) as refused:
+        check_config({"config": _saved(), "world_size": 2}, cfg, 1, path)
+    assert str(refused.value) == (
+        f"resuming {path} with a config that trains differently (world size: 2 -> 1): "
+        "restore those values, or set trainer.resume_strict=false to continue anyway"
+    )
+    check_config({"config": _saved()}, cfg, 1, path)  # from before world_size was saved: one process
+    with pytest.raises(ConfigError, match=r"\(world size: 1 -> 2\)"):
+        check_config({"config": _saved()}, cfg, 2, path)
