@@ -23,6 +23,8 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.train.resume.x__numeric__mutmut_15": "rest.split(None): a field name holds no space and, with no"
     " two-dot key, no dot, so both give the whole name",
     "turbotrain.train.resume.x__numeric__mutmut_16": "rest.split('XX.XX'): as mutant 15",
+    "turbotrain.train.resume.x_check_config__mutmut_3": "copy.copy for deepcopy: OmegaConf's shallow copy of a"
+    " DictConfig copies its nodes too, so the choices applied to the copy leave the caller's config as typed",
     "turbotrain.train.resume.x_continue_schedule__mutmut_12": "every warning ignored around the one scheduler"
     " step, not only UserWarning: that step raises only the 'step() before optimizer.step()' UserWarning",
     "turbotrain.train.summary.x_startup_phases__mutmut_16": "zip(strict=None): falsy, zip's default, as strict=False"
@@ -36,6 +38,11 @@ EQUIVALENT: dict[str, str] = {
     " same; and the saved yaml is written resolved (session.py), so it holds no interpolation either way",
     "turbotrain.train.resume.x_changed_keys__mutmut_6": "resolve=True on the saved config: it holds no"
     " interpolation (written resolved), so resolving changes nothing",
+    "turbotrain.train.optim.x_param_groups__mutmut_9": "named_parameters(recurse=None): falsy, as False, so"
+    " each module still lists only its own parameters",
+    "turbotrain.train.optim.x__sgd__mutmut_12": "no lr for the optimizer's default: every group param_groups"
+    " builds carries its own lr, which torch takes over the default (the kernel timing's lr moves no weight a"
+    " run keeps)",
     "turbotrain.data.loader.x_set_epoch_seed__mutmut_9": "epoch - 1 for epoch + 1: another stream per epoch,"
     " as distinct across run seeds, epochs and ranks (what a user can see; tests/test_alternating checks it)",
     "turbotrain.data.loader.x_set_epoch_seed__mutmut_10": "epoch + 2: as mutant 9",
