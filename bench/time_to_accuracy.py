@@ -75,13 +75,15 @@ TASKS = {
         {"wordnet_minilm": (["experiment=wordnet_minilm"], 3), "wordnet_speedrun": (["experiment=wordnet_speedrun"], 3)},
         "wordnet_speedrun",
         {
-            "token embeddings frozen": "model.freeze_embeddings=false",
             "lowest two blocks frozen": "model.frozen_layers=0",
             "no dropout (MiniLM's is 0.1)": "model.dropout=null",
             "label smoothing 0.1": "trainer.label_smoothing=0",
             "learning rate 2e-4 (wordnet_minilm's is 5e-5)": "optim.lr=5e-5",
         },
-        {"only the lowest 4 of MiniLM's 6 blocks (the classifier on block 4)": "model.layers=4"},
+        {
+            "token embeddings frozen (half of MiniLM's weights)": "model.freeze_embeddings=true",
+            "only the lowest 4 of MiniLM's 6 blocks (the classifier on block 4)": "model.layers=4",
+        },
     ),
 }
 
@@ -205,18 +207,32 @@ def _tables(path: Path, t: Task) -> str:
             f"{s['wall_s'] / baseline['wall_s']:.2f}x |"
         )
     changes = [line for kind, verb in CHANGES.items() for line in _changes(result, t, kind, verb)]
+    lines += _stale(result, t)
     seconds = _where_seconds_go(t.speedrun, recipes[t.speedrun]["runs"])
     return "\n".join([*lines, *seconds, *changes, "", f"![top-1 against wall time](assets/{path.stem}.png)"])
 
 
+def _stale(result: dict, t: Task) -> list[str]:
+    """A sentence where the file's one-technique changes are not today's: the speedrun's recipe
+    has changed since the file was measured, so its figures describe the recipe as it was."""
+    then = {kind: {n: e["override"] for n, e in result.get(kind, {}).items()} for kind in CHANGES}
+    if then == {kind: getattr(t, kind) for kind in CHANGES}:
+        return []
+    return [
+        "",
+        f"Measured on {result['date']} with `{t.speedrun}` as it was then (the changes below name it so); "
+        f"`python -m bench {t.result}` measures today's recipe.",
+    ]
+
+
 def _where_seconds_go(name: str, runs: list[dict]) -> list[str]:
     """The speedrun's wall time by part, medians over its runs: start-up phase by phase (the
-    run's summary.json), training and validation, and the rest (the process's end, files)."""
+    run's summary.json), the training steps, and the rest (validation, files, the process's end)."""
     if "startup_s" not in runs[0]:  # runs from before summary.json had the phases
         return []
     parts = {phase: [r["startup_s"][phase] for r in runs] for phase in runs[0]["startup_s"]}
-    parts["training and validation"] = [r["train_time_s"] for r in runs]
-    parts["the rest (saving, exit)"] = [r["wall_s"] - r["first_step_s"] - r["train_time_s"] for r in runs]
+    parts["training steps"] = [r["train_time_s"] for r in runs]
+    parts["the rest (validation, saving, exit)"] = [r["wall_s"] - r["first_step_s"] - r["train_time_s"] for r in runs]
     cells = " | ".join(f"{statistics.median(v):.2f} s" for v in parts.values())
     return [
         "",

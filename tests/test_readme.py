@@ -51,6 +51,20 @@ def test_an_edited_result_file_fails_the_check(tmp_path, name, edit):
     assert diff and any(line.startswith("+") and not line.startswith("+++") for line in diff)
 
 
+def test_a_result_file_of_an_earlier_recipe_says_so(tmp_path):
+    """Tables from runs of a speedrun whose ablation has since changed say which recipe they measured."""
+    from bench.time_to_accuracy import section
+
+    results = tmp_path / "results"
+    shutil.copytree(readme.RESULTS, results)
+    assert "as it was then" not in section(results, "images")
+    path = results / "time_to_accuracy_bf16.json"
+    data = json.loads(path.read_text())
+    data["ablation"].pop(next(iter(data["ablation"])))
+    path.write_text(json.dumps(data))
+    assert f"Measured on {data['date']} with `speedrun` as it was then" in section(results, "images")
+
+
 # reference.md is generated whole from the schemas (test_docs.py): its numbers are defaults and rules
 @pytest.mark.parametrize("page", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "reference.md")])
 def test_the_docs_prose_quotes_no_figure_of_its_own(page):
