@@ -75,14 +75,15 @@ TASKS = {
         {"wordnet_minilm": (["experiment=wordnet_minilm"], 3), "wordnet_speedrun": (["experiment=wordnet_speedrun"], 3)},
         "wordnet_speedrun",
         {
-            "lowest two blocks frozen": "model.frozen_layers=0",
+            "only the lowest 3 of MiniLM's 6 blocks (the classifier on block 3)": "model.layers=null",
+            "lowest block frozen": "model.frozen_layers=0",
             "no dropout (MiniLM's is 0.1)": "model.dropout=null",
             "label smoothing 0.1": "trainer.label_smoothing=0",
-            "learning rate 2e-4 (wordnet_minilm's is 5e-5)": "optim.lr=5e-5",
+            "learning rate 4e-4 (wordnet_minilm's is 5e-5)": "optim.lr=5e-5",
         },
         {
             "token embeddings frozen (half of MiniLM's weights)": "model.freeze_embeddings=true",
-            "only the lowest 4 of MiniLM's 6 blocks (the classifier on block 4)": "model.layers=4",
+            "a fourth block (the lowest 4 of MiniLM's 6)": "model.layers=4",
         },
     ),
 }

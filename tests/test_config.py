@@ -106,7 +106,7 @@ TEXT_SPECIFIC = {
             {m.p for n, m in model.named_modules() if type(m).__name__ == "Dropout" and not n.endswith("self.dropout")},
             cfg.trainer.max_steps,
         )
-        == (True, [False, False, True, True, True, True], {0.0}, 800)
+        == (True, [False, True, True], {0.0}, 800)
     ),
 }
 
