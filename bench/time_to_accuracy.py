@@ -160,6 +160,7 @@ def figures(result: dict) -> list[dict]:
     baseline, speedrun = summary(next(iter(recipes.values()))["runs"]), summary(recipes[t.speedrun]["runs"])
     ratio = baseline["wall_s"] / speedrun["wall_s"]
     short = f"; {t.speedrun}'s mean is under the target" if speedrun["mean"] < t.target else ""
+    short += f"; {t.speedrun} as it was on {result['date']}" if _stale(result, t) else ""
     return [
         {
             "ours": f"{ratio:.1f}x ({speedrun['wall_s']:.1f} s vs {baseline['wall_s']:.1f} s median wall, mean top-1 "

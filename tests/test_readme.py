@@ -53,7 +53,7 @@ def test_an_edited_result_file_fails_the_check(tmp_path, name, edit):
 
 def test_a_result_file_of_an_earlier_recipe_says_so(tmp_path):
     """Tables from runs of a speedrun whose ablation has since changed say which recipe they measured."""
-    from bench.time_to_accuracy import section
+    from bench.time_to_accuracy import figures, section
 
     results = tmp_path / "results"
     shutil.copytree(readme.RESULTS, results)
@@ -63,6 +63,7 @@ def test_a_result_file_of_an_earlier_recipe_says_so(tmp_path):
     data["ablation"].pop(next(iter(data["ablation"])))
     path.write_text(json.dumps(data))
     assert f"Measured on {data['date']} with `speedrun` as it was then" in section(results, "images")
+    assert figures(data)[0]["ours"].endswith(f"; speedrun as it was on {data['date']})")
 
 
 # reference.md is generated whole from the schemas (test_docs.py): its numbers are defaults and rules
