@@ -45,7 +45,7 @@ def pytest_sessionfinish(session) -> None:
     if not _timed:
         return
     seen = json.loads(FIXTURES.read_text()) if FIXTURES.is_file() else {}
-    merged = {**seen, **_timed, **{k: min(seen[k], _timed[k]) for k in seen.keys() & _timed.keys()}}
+    merged = {**seen, **{k: min(v, seen.get(k, v)) for k, v in _timed.items()}}
     temp = FIXTURES.with_suffix(f".{os.getpid()}.tmp")  # two mutants finish at once: whole files only
     temp.write_text(json.dumps(merged))
     temp.replace(FIXTURES)

@@ -209,22 +209,21 @@ def _tables(path: Path, t: Task) -> str:
             f"{s['wall_s'] / baseline['wall_s']:.2f}x |"
         )
     changes = [line for kind, verb in CHANGES.items() for line in _changes(result, t, kind, verb)]
-    lines += _stale(result, t)
+    if _stale(result, t):
+        lines += [
+            "",
+            f"Measured on {result['date']} with `{t.speedrun}` as it was then (the changes below name it so); "
+            f"`python -m bench {t.result}` measures today's recipe.",
+        ]
     seconds = _where_seconds_go(t.speedrun, recipes[t.speedrun]["runs"])
     return "\n".join([*lines, *seconds, *changes, "", f"![top-1 against wall time](assets/{path.stem}.png)"])
 
 
-def _stale(result: dict, t: Task) -> list[str]:
-    """A sentence where the file's one-technique changes are not today's: the speedrun's recipe
-    has changed since the file was measured, so its figures describe the recipe as it was."""
+def _stale(result: dict, t: Task) -> bool:
+    """Whether the file's one-technique changes are not today's: the speedrun's recipe has changed
+    since the file was measured, so its figures describe the recipe as it was."""
     then = {kind: {n: e["override"] for n, e in result.get(kind, {}).items()} for kind in CHANGES}
-    if then == {kind: getattr(t, kind) for kind in CHANGES}:
-        return []
-    return [
-        "",
-        f"Measured on {result['date']} with `{t.speedrun}` as it was then (the changes below name it so); "
-        f"`python -m bench {t.result}` measures today's recipe.",
-    ]
+    return then != {kind: getattr(t, kind) for kind in CHANGES}
 
 
 def _where_seconds_go(name: str, runs: list[dict]) -> list[str]:
