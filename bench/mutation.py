@@ -145,15 +145,16 @@ def _pattern(module: str) -> str:
 def _forget_survivors(work: Path, modules: list[str]) -> list[str]:
     """Mark the mutants no test saw in an earlier run (survived, no tests) unchecked, so this run
     tries them against today's tests in the same pass as the new ones (one clean-test pass, not
-    two); returns every mutant now unchecked. mutmut 3.8's results file per module: exit code 0
-    survived, 33 no tests, None unchecked."""
+    two), except those judged equivalent (each would run its whole test budget to survive again:
+    a changed function gets new mutants anyway); returns every mutant now unchecked. mutmut 3.8's
+    results file per module: exit code 0 survived, 33 no tests, None unchecked."""
     left = []
     for module in modules:
         meta = work / "mutants" / f"{module}.meta"
         if meta.is_file():
             data = json.loads(meta.read_text())
             codes = data["exit_code_by_key"]
-            data["exit_code_by_key"] = {k: None if v in (0, 33) else v for k, v in codes.items()}
+            data["exit_code_by_key"] = {k: None if v in (0, 33) and k not in EQUIVALENT else v for k, v in codes.items()}
             meta.write_text(json.dumps(data))
             left += [k for k, v in data["exit_code_by_key"].items() if v is None]
     return left
