@@ -79,3 +79,13 @@ def test_another_world_size_is_a_change_and_an_old_checkpoint_counts_as_one_proc
     check_config({"config": _saved()}, cfg, 1, path)  # from before world_size was saved: one process
     with pytest.raises(ConfigError, match=r"\(world size: 1 -> 2\)"):
         check_config({"config": _saved()}, cfg, 2, path)
+
+
+def test_a_change_allowed_by_resume_strict_false_is_said_in_one_warning(caplog):
+    path, cfg = Path("run/checkpoints/last.pt"), make_cfg(*TINY, "trainer.resume_strict=false")
+    with caplog.at_level("WARNING", logger="turbotrain"):
+        check_config({"config": _saved(), "world_size": 2}, cfg, 1, path)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"resuming {path} with a config that trains differently (world size: 2 -> 1); "
+        "continuing because trainer.resume_strict=false"
+    ]
