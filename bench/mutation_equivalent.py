@@ -95,4 +95,7 @@ EQUIVALENT: dict[str, str] = {
     " name of the same stats (its index file, its decoded cache), as distinct between shard sets as before",
     "turbotrain.data.tars.x_load_index__mutmut_6": "17 hex digits of the digest for 16: as mutant 3, a longer"
     " name of the same stats",
+    "turbotrain.core.checkpoint.x_set_rng_state__mutmut_13": "astype(None) for astype(uint32) on numpy's"
+    " saved keys: float64 holds every uint32 exactly and set_state casts them back (the same draws after,"
+    " checked on numpy's MT19937)",
 }

