@@ -98,4 +98,6 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.core.checkpoint.x_set_rng_state__mutmut_13": "astype(None) for astype(uint32) on numpy's"
     " saved keys: float64 holds every uint32 exactly and set_state casts them back (the same draws after,"
     " checked on numpy's MT19937)",
+    "turbotrain.core.checkpoint.x_rng_state__mutmut_11": "astype(None) for astype(int64) on the keys saved:"
+    " float64 holds every uint32 exactly, and set_rng_state casts them to uint32 (as its mutant 13)",
 }

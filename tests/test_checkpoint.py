@@ -14,6 +14,7 @@ from torch import nn
 
 from turbotrain.core import checkpoint as ckpt_io
 from turbotrain.core.checkpoint import CheckpointError
+from turbotrain.models.saved import load_weights
 
 
 def test_nonfinite_names_each_nan_or_inf_tensor_of_the_model_average_and_optimizer():
@@ -108,6 +109,21 @@ def test_a_checkpoint_carries_the_loss_scalers_state_to_the_resumed_run():
     scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
     ckpt_io.restore(ckpt, optimizer=torch.optim.SGD([nn.Parameter(torch.ones(3))], lr=0.1), scaler=scaler)
     assert scaler.get_scale() == 64.0
+
+
+def test_the_weight_average_a_checkpoint_carries_is_what_its_model_is_loaded_with():
+    trained, averaged = nn.Linear(2, 2), nn.Linear(2, 2)
+    ckpt = ckpt_io.payload(
+        **dict.fromkeys(("scheduler", "scaler", "state", "config_yaml", "metrics")),
+        state_dict=trained.state_dict(),
+        optimizer=torch.optim.SGD(trained.parameters(), lr=0.1),
+        arch={},
+        rng=[ckpt_io.rng_state()],
+        ema={"weights": averaged.state_dict(), "updates": 3},
+    )
+    loaded = nn.Linear(2, 2)
+    load_weights(loaded, ckpt, "run/best.pt", averaged=True)
+    assert torch.equal(loaded.weight, averaged.weight) and not torch.equal(loaded.weight, trained.weight)
 
 
 def test_without_hard_links_last_is_a_second_write_of_the_same_state(tmp_path, monkeypatch):
