@@ -100,4 +100,6 @@ EQUIVALENT: dict[str, str] = {
     " checked on numpy's MT19937)",
     "turbotrain.core.checkpoint.x_rng_state__mutmut_11": "astype(None) for astype(int64) on the keys saved:"
     " float64 holds every uint32 exactly, and set_rng_state casts them to uint32 (as its mutant 13)",
+    "turbotrain.data.loader.xǁSeededBatchesǁ__getitems____mutmut_12": "% 2**64 for % 2**63: torch's generator"
+    " takes any seed below 2**64, so each batch's seed stays valid and as distinct (tests/test_batch_seeds.py)",
 }

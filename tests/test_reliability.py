@@ -256,8 +256,14 @@ def test_divergence_stops_with_step_loss_and_checkpoint(tmp_path):
 
 def test_nan_skip_gives_up_after_patience(tmp_path):
     cfg = make_cfg(*TINY, "precision=fp32", "optim.lr=1e12", "trainer.nan_patience=3", "trainer.max_epochs=3")
-    with pytest.raises(TrainingError, match="diverged"):
+    with pytest.raises(TrainingError) as stopped:
         train(cfg, tmp_path)
+    assert re.fullmatch(
+        r"training diverged: 3 consecutive steps skipped for non-finite losses or gradients at step \d+ "
+        r"\(trainer\.on_nan=skip\); no checkpoint was written yet\. Try a lower optim\.lr, trainer\.grad_clip, or precision=fp32",
+        str(stopped.value),
+    ), str(stopped.value)
+    assert not (tmp_path / "checkpoints" / "last.pt").exists()
 
 
 @pytest.mark.parametrize("check", ["loss", "grads"])

@@ -121,7 +121,9 @@ class SeededBatches(Dataset):
 
     def __getitems__(self, indices: list[int]) -> list:
         seed, epoch, run_seed = self.epoch_seed.tolist()
-        with torch.random.fork_rng(devices=[]):  # the main process's stream (dropout, mixing) goes on untouched
+        # the main process's stream (dropout, mixing) goes on untouched. devices=[]: forking the CUDA
+        # generators would start CUDA in a forked worker, which only a GPU shows (exempt from mutation)
+        with torch.random.fork_rng(devices=[]):  # pragma: no mutate
             # not torch.manual_seed: that reseeds CUDA too
             torch.default_generator.manual_seed(derived_seed(seed, indices[0]) % 2**63)
             if getattr(self.dataset, "__getitems__", None):
