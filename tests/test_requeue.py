@@ -94,7 +94,9 @@ def test_sigusr2_stops_a_plain_process_and_the_requeued_job_continues_it(tmp_pat
     assert note["step"] == 5  # the step the signal arrived in
 
 
-def test_sigusr2_to_a_launcher_in_this_process_stops_its_workers_and_then_reaches_the_schedulers_handler(tmp_path, monkeypatch):
+def test_sigusr2_to_a_launcher_in_this_process_stops_its_workers_and_then_reaches_the_schedulers_handler(
+    tmp_path, monkeypatch, caplog
+):
     """train() launching the DDP workers itself, as train.py does; rank 1 signals this process at
     step 5. The handler found in place (submitit's, here a recorder) must not see the signal when it
     arrives, only once the workers have saved and stopped. (The requeued job: the slow test below.)"""
@@ -107,11 +109,13 @@ def test_sigusr2_to_a_launcher_in_this_process_stops_its_workers_and_then_reache
     previous = signal.signal(signal.SIGUSR2, lambda s, _: seen.append((s, (run / "checkpoints" / "requeue.json").exists())))
     try:
         args = (*RUN, "distributed=ddp", "distributed.nproc=2")
-        with pytest.raises(Preempted) as stopped:
+        with pytest.raises(Preempted) as stopped, caplog.at_level("WARNING", logger="turbotrain"):
             train(make_cfg(*args), run, overrides=args)
     finally:
         signal.signal(signal.SIGUSR2, previous)
     assert stopped.value.signum == signal.SIGUSR2
+    handing = [r.getMessage() for r in caplog.records if "scheduler's handler" in r.getMessage()]
+    assert handing == [f"{stopped.value}; handing SIGUSR2 on to the scheduler's handler"]  # why, before it may exit
     assert seen == [(signal.SIGUSR2, True)]  # once, after the workers' requeue note was written
     assert json.loads((run / "checkpoints" / "requeue.json").read_text())["step"] >= 5
 
