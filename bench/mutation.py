@@ -11,12 +11,14 @@ trampolines cannot run outside its own): code only they reach counts as "no test
 `python -m bench mutation [module ...]` (default: every module of MODULES) works in one copy of
 the tree under WORK, brought to HEAD at each start: mutmut keeps the verdicts of every function
 whose source is unchanged, so a stopped job continues where it was, and tries the survivors of
-earlier runs again against the tests as they are now. It writes bench/results/mutation.json:
+earlier runs again against the tests as they are now (an edited test file's tests mapped anew to
+the functions they reach). It writes bench/results/mutation.json:
 per module the mutants, how many were killed, the survivors with their diffs, and the score over
 the mutants that are not listed in bench/mutation_equivalent.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -32,6 +34,7 @@ from bench.mutation_equivalent import EQUIVALENT
 from bench.mutation_order import BUDGET_ENV
 
 WORK = Path(os.path.expanduser("~/.cache/turbotrain/bench/mutation"))
+TEST_HASHES = WORK / "test_hashes.json"  # the test files as the last run's stats saw them
 # seconds of covering tests (their stats-pass times and fixture set-up, cheapest first) a mutant
 # runs: a survivor of a function every training test runs would otherwise cost ten minutes; a
 # survivor is worth trying against the rest (mutmut run <name>, budget unset) before a test is
@@ -123,6 +126,7 @@ def run(*modules: str, children: int = 2, left_only: bool = False) -> Path:
         raise SystemExit("bench mutation needs mutmut: pip install -e .[mutation]")
     work = _work_tree()
     _configure(work)
+    _forget_changed_tests(work)
     left = _forget_survivors(work, modules)
     t0 = time.perf_counter()
     if left_only and not left:
@@ -140,6 +144,25 @@ def run(*modules: str, children: int = 2, left_only: bool = False) -> Path:
 def _pattern(module: str) -> str:
     """The mutmut names of a module's mutants, as a pattern: src/turbotrain/data/tars.py -> turbotrain.data.tars.x*"""
     return module.removeprefix("src/").removesuffix(".py").replace("/", ".") + ".x*"
+
+
+def _forget_changed_tests(work: Path) -> None:
+    """mutmut maps each test to the functions it runs once, when it first sees the test's name: a
+    test edited since (one that now reaches checkpoint.payload, say) would keep its old reach.
+    The tests of every file changed since the last run (all of them, where no run recorded its
+    files: TEST_HASHES) leave mutmut's stats, so it maps them again as new tests."""
+    hashes = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((work / "tests").glob("*.py"))}
+    seen = json.loads(TEST_HASHES.read_text()) if TEST_HASHES.is_file() else {}
+    changed = {f"tests/{name}" for name, digest in hashes.items() if seen.get(name) != digest}
+    path = work / "mutants" / "mutmut-stats.json"
+    if changed and path.is_file():
+        stats = json.loads(path.read_text())
+        stale = {t for t in stats["duration_by_test"] if t.split("::")[0] in changed}
+        stats["duration_by_test"] = {t: d for t, d in stats["duration_by_test"].items() if t not in stale}
+        by_function = stats["tests_by_mangled_function_name"]
+        stats["tests_by_mangled_function_name"] = {f: [t for t in ts if t not in stale] for f, ts in by_function.items()}
+        path.write_text(json.dumps(stats))
+    TEST_HASHES.write_text(json.dumps(hashes))
 
 
 def _forget_survivors(work: Path, modules: list[str]) -> list[str]:

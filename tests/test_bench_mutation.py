@@ -19,3 +19,34 @@ def test_a_rerun_tries_survivors_and_unseen_mutants_again_but_not_killed_or_equi
     saved = json.loads(meta.read_text())
     assert saved == {"exit_code_by_key": {**codes, "survived": None, "no_tests": None}, "other": "kept"}
     assert sorted(left) == ["no_tests", "survived", "unchecked"]
+
+
+def test_the_tests_of_an_edited_file_are_mapped_again_and_the_others_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(mutation, "TEST_HASHES", tmp_path / "test_hashes.json")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "mutants").mkdir()
+    for name in ("test_a.py", "test_b.py"):
+        (tmp_path / "tests" / name).write_text("def test_x(): pass\n")
+    stats = {
+        "duration_by_test": {"tests/test_a.py::test_x": 1.0, "tests/test_b.py::test_x": 2.0},
+        "tests_by_mangled_function_name": {"m.x_f": ["tests/test_a.py::test_x", "tests/test_b.py::test_x"]},
+        "other": "kept",
+    }
+    path = tmp_path / "mutants" / "mutmut-stats.json"
+    path.write_text(json.dumps(stats))
+
+    mutation._forget_changed_tests(tmp_path)  # no earlier run recorded its files: every test is mapped again
+    assert json.loads(path.read_text()) == {
+        "duration_by_test": {},
+        "tests_by_mangled_function_name": {"m.x_f": []},
+        "other": "kept",
+    }
+
+    path.write_text(json.dumps(stats))  # as mutmut's next stats pass leaves it
+    (tmp_path / "tests" / "test_b.py").write_text("def test_x(): assert True\n")
+    mutation._forget_changed_tests(tmp_path)
+    assert json.loads(path.read_text()) == {
+        "duration_by_test": {"tests/test_a.py::test_x": 1.0},
+        "tests_by_mangled_function_name": {"m.x_f": ["tests/test_a.py::test_x"]},
+        "other": "kept",
+    }
