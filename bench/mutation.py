@@ -199,7 +199,9 @@ def collect(modules: list[str], seconds: float | None = None, children: int = 2)
             "seconds": seconds,
             "status": dict(Counter(mine.values())),
             "survivors": survivors,
-            "equivalent": sorted(m for m, s in mine.items() if s in LIVED and m in EQUIVALENT),  # one a test killed is not
+            # with its diff, to check against its reason (a mutant's number moves when its function changes);
+            # one a test killed is not
+            "equivalent": {m: _show(work, m) for m, s in sorted(mine.items()) if s in LIVED and m in EQUIVALENT},
         }
     payload = {"children": children, "test_budget_s": TEST_BUDGET_S, "modules": per_module, "equivalent": EQUIVALENT}
     payload["exempt"] = exempt_lines(MODULES)

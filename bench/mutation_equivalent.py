@@ -95,12 +95,12 @@ EQUIVALENT: dict[str, str] = {
     " name of the same stats (its index file, its decoded cache), as distinct between shard sets as before",
     "turbotrain.data.tars.x_load_index__mutmut_6": "17 hex digits of the digest for 16: as mutant 3, a longer"
     " name of the same stats",
-    "turbotrain.core.checkpoint.x_set_rng_state__mutmut_13": "astype(None) for astype(uint32) on numpy's"
+    "turbotrain.core.checkpoint.x_set_rng_state__mutmut_10": "astype(None) for astype(uint32) on numpy's"
     " saved keys: float64 holds every uint32 exactly and set_state casts them back (the same draws after,"
     " checked on numpy's MT19937)",
     "turbotrain.core.checkpoint.x_rng_state__mutmut_11": "astype(None) for astype(int64) on the keys saved:"
-    " float64 holds every uint32 exactly, and set_rng_state casts them to uint32 (as its mutant 13)",
-    "turbotrain.data.loader.xǁSeededBatchesǁ__getitems____mutmut_12": "% 2**64 for % 2**63: torch's generator"
+    " float64 holds every uint32 exactly, and set_rng_state casts them to uint32 (as its mutant 10)",
+    "turbotrain.data.loader.xǁSeededBatchesǁ__getitems____mutmut_11": "% 2**64 for % 2**63: torch's generator"
     " takes any seed below 2**64, so each batch's seed stays valid and as distinct (tests/test_batch_seeds.py)",
     "turbotrain.data.loader.xǁEpochSamplerǁ__init____mutmut_5": "batch_size=2 by default: only a shuffled"
     " sampler with lengths reads it, and every such caller (the training loader) gives its batch size",
