@@ -56,6 +56,17 @@ def test_load_names_the_file_and_what_is_wrong_with_it(tmp_path):
     assert ckpt_io.load(_saved(tmp_path, {"format": 1, "model": {"w": torch.ones(1)}}))["model"]["w"].item() == 1.0
 
 
+class Gadget:  # a class outside torch's safe globals: what a crafted checkpoint's pickle would run
+    pass
+
+
+def test_a_pickled_object_is_refused_even_where_the_environment_lifts_torchs_safe_load(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # torch's default then loads any pickle
+    path = _saved(tmp_path, {"format": 1, "model": {}, "x": Gadget()})
+    with pytest.raises(CheckpointError, match=r"is unreadable or corrupt \(UnpicklingError: "):
+        ckpt_io.load(path)
+
+
 def test_a_state_of_another_architecture_is_named_in_one_line():
     model, other = (nn.Sequential(nn.Linear(n, 2), nn.Linear(2, n)) for n in (3, 4))  # four mismatches
     with pytest.raises(RuntimeError) as by_torch:
