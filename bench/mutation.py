@@ -32,6 +32,7 @@ from pathlib import Path
 from bench.common import RESULTS, ROOT, write
 from bench.mutation_equivalent import EQUIVALENT
 from bench.mutation_order import BUDGET_ENV
+from turbotrain.core.atomic import atomic_write_text
 
 WORK = Path(os.path.expanduser("~/.cache/turbotrain/bench/mutation"))
 TEST_HASHES = WORK / "test_hashes.json"  # the test files as the last run's stats saw them
@@ -161,8 +162,8 @@ def _forget_changed_tests(work: Path) -> None:
         stats["duration_by_test"] = {t: d for t, d in stats["duration_by_test"].items() if t not in stale}
         by_function = stats["tests_by_mangled_function_name"]
         stats["tests_by_mangled_function_name"] = {f: [t for t in ts if t not in stale] for f, ts in by_function.items()}
-        path.write_text(json.dumps(stats))
-    TEST_HASHES.write_text(json.dumps(hashes))
+        atomic_write_text(path, json.dumps(stats))  # a kill mid-write would cost mutmut a full stats pass
+    atomic_write_text(TEST_HASHES, json.dumps(hashes))
 
 
 def _forget_survivors(work: Path, modules: list[str]) -> list[str]:
@@ -178,7 +179,7 @@ def _forget_survivors(work: Path, modules: list[str]) -> list[str]:
             data = json.loads(meta.read_text())
             codes = data["exit_code_by_key"]
             data["exit_code_by_key"] = {k: None if v in (0, 33) and k not in EQUIVALENT else v for k, v in codes.items()}
-            meta.write_text(json.dumps(data))
+            atomic_write_text(meta, json.dumps(data))
             left += [k for k, v in data["exit_code_by_key"].items() if v is None]
     return left
 

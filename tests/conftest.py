@@ -61,6 +61,16 @@ def run_cli(script: str, *args: str, cwd: Path | None = None, timeout: int = 600
     )
 
 
+def checkpoint(**given) -> dict:
+    """A checkpoint dict as core/checkpoint.payload writes it, with only `given` set (an optimizer
+    without state, the rest empty): what reads it back meets the writer's own keys."""
+    from turbotrain.core.checkpoint import payload
+
+    empty = dict.fromkeys(("state_dict", "scheduler", "scaler", "state", "config_yaml", "arch", "metrics"))
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    return payload(**{**empty, "optimizer": optimizer, "rng": [{}], **given})
+
+
 TINY = (
     "data=digits",
     "model=small_cnn",

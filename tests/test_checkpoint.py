@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import checkpoint
 from turbotrain.core import checkpoint as ckpt_io
 from turbotrain.core.checkpoint import CheckpointError
 from turbotrain.models.saved import load_weights
@@ -109,14 +110,7 @@ def test_restore_loads_the_state_and_keeps_the_optimizers_own_kernel():
 
 
 def test_a_checkpoint_carries_the_loss_scalers_state_to_the_resumed_run():
-    saved_opt = torch.optim.SGD([nn.Parameter(torch.ones(3))], lr=0.5)
-    ckpt = ckpt_io.payload(
-        **dict.fromkeys(("state_dict", "state", "config_yaml", "arch", "metrics")),
-        optimizer=saved_opt,
-        scheduler=None,
-        scaler=torch.amp.GradScaler("cpu", init_scale=64.0),
-        rng=[ckpt_io.rng_state()],
-    )
+    ckpt = checkpoint(scaler=torch.amp.GradScaler("cpu", init_scale=64.0))
     scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
     ckpt_io.restore(ckpt, optimizer=torch.optim.SGD([nn.Parameter(torch.ones(3))], lr=0.1), scaler=scaler)
     assert scaler.get_scale() == 64.0
@@ -124,14 +118,7 @@ def test_a_checkpoint_carries_the_loss_scalers_state_to_the_resumed_run():
 
 def test_the_weight_average_a_checkpoint_carries_is_what_its_model_is_loaded_with():
     trained, averaged = nn.Linear(2, 2), nn.Linear(2, 2)
-    ckpt = ckpt_io.payload(
-        **dict.fromkeys(("scheduler", "scaler", "state", "config_yaml", "metrics")),
-        state_dict=trained.state_dict(),
-        optimizer=torch.optim.SGD(trained.parameters(), lr=0.1),
-        arch={},
-        rng=[ckpt_io.rng_state()],
-        ema={"weights": averaged.state_dict(), "updates": 3},
-    )
+    ckpt = checkpoint(state_dict=trained.state_dict(), arch={}, ema={"weights": averaged.state_dict(), "updates": 3})
     loaded = nn.Linear(2, 2)
     load_weights(loaded, ckpt, "run/best.pt", averaged=True)
     assert torch.equal(loaded.weight, averaged.weight) and not torch.equal(loaded.weight, trained.weight)

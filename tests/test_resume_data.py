@@ -9,10 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 
+from conftest import checkpoint
 from turbotrain.config import ConfigError
-from turbotrain.core.checkpoint import payload
 from turbotrain.train.resume import check_data, data_identity
 
 PATH = Path("run/checkpoints/last.pt")
@@ -25,14 +24,7 @@ def _data(names=("cat", "dog", "owl"), samples=12, files=None):
 
 
 def _ckpt(data, with_identity=True):
-    """The checkpoint as the training session writes it (core/checkpoint.payload)."""
-    return payload(
-        **dict.fromkeys(("state_dict", "scheduler", "scaler", "state", "config_yaml", "metrics")),
-        optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
-        arch={"class_names": list(data.class_names)},
-        rng=[{}],
-        data=data_identity(data) if with_identity else None,
-    )
+    return checkpoint(arch={"class_names": list(data.class_names)}, data=data_identity(data) if with_identity else None)
 
 
 def _refusal(ckpt, data) -> str:
