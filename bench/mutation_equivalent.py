@@ -36,8 +36,12 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.core.checkpoint.x_restore__mutmut_16": "strict=False: as mutant 12",
     "turbotrain.train.resume.x_changed_keys__mutmut_4": "resolve=None for False on the saved config: as falsy, the"
     " same; and the saved yaml is written resolved (session.py), so it holds no interpolation either way",
-    "turbotrain.train.resume.x_changed_keys__mutmut_6": "resolve=True on the saved config: it holds no"
+    "turbotrain.train.resume.x_changed_keys__mutmut_6": "resolve left out on the saved config: False is its default",
+    "turbotrain.train.resume.x_changed_keys__mutmut_8": "resolve=True on the saved config: it holds no"
     " interpolation (written resolved), so resolving changes nothing",
+    "turbotrain.train.resume.x_changed_keys__mutmut_29": "keys of both sides (&) for either side (|): the new"
+    " config holds every field of the schemas it selects and the saved one gains the defaults of those it lacks,"
+    " so a key on one side only is one no schema of the new config has, which _numeric counts as no change",
     "turbotrain.train.optim.x_param_groups__mutmut_9": "named_parameters(recurse=None): falsy, as False, so"
     " each module still lists only its own parameters",
     "turbotrain.train.optim.x__sgd__mutmut_12": "no lr for the optimizer's default: every group param_groups"

@@ -15,7 +15,9 @@ import pytest
 
 from conftest import ROOT, TINY, make_cfg, run_cli
 from test_train import assert_same_run
+from turbotrain.train import resume
 from turbotrain.train.preemption import Preempted
+from turbotrain.train.requeue import note_stop
 from turbotrain.train.run import train
 
 RUN = (*TINY, "trainer.max_epochs=2", "trainer.limit_train_batches=10", "trainer.log_every_n_steps=2")
@@ -150,3 +152,25 @@ def test_submitit_requeues_the_job_on_sigusr2_and_its_rerun_continues_the_run(tm
     assert "stopped by SIGUSR2 at step 5" in log and "Requeued job" in log, log[-3000:]
     assert "resumed from" in log and "at epoch 0, step 5" in log, log[-3000:]
     assert_same_run(full, sweep / "0")
+
+
+@pytest.mark.parametrize("how", ["elastic restart", "requeued job"])
+def test_a_restarted_fork_continues_from_its_own_last_checkpoint_once_it_has_one(tmp_path, monkeypatch, how):
+    """A fork (trainer.resume=<another run's checkpoint>) that is restarted or requeued keeps its
+    typed trainer.resume: before its first checkpoint it starts again from the parent's, after it
+    continues its own, never falling back to the parent's and losing its steps."""
+    for name in [k for k in os.environ if k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))]:
+        monkeypatch.delenv(name)
+    parent, fork = tmp_path / "parent" / "checkpoints" / "last.pt", tmp_path / "fork"
+    (fork / "checkpoints").mkdir(parents=True)
+    assert resume.resolve(str(parent), fork) == parent  # its first start
+    if how == "elastic restart":
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    else:
+        monkeypatch.setenv("SLURM_JOB_ID", "7")
+        note_stop(fork / "checkpoints", signal.SIGUSR2, step=5)
+    assert resume.resolve(str(parent), fork) == parent  # stopped before its first checkpoint
+    own = fork / "checkpoints" / "last.pt"
+    own.write_bytes(b"")
+    assert resume.resolve(str(parent), fork) == own
+    assert resume.resolve(None, fork) == resume.resolve("auto", fork) == own

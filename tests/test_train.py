@@ -47,6 +47,7 @@ def _check_summary(summary: dict, cfg, run_dir, events: list[dict], started: flo
     log, the config, the model rebuilt, this process."""
     last = load(run_dir / "checkpoints" / "last.pt")
     state, val = last["state"], [e for e in events if e["split"] == "val"]
+    assert json.loads(json.dumps(state)) == state  # plain counters, as CONTRACTS.md lists (no device tensor)
     assert summary["best_val_acc1"] == max(e["acc1"] for e in val) > val[-1]["acc1"] - 1e-12
     assert {k: summary[f"val_{k}"] for k in ("loss", "acc1", "acc5")} == {k: val[-1][k] for k in ("loss", "acc1", "acc5")}
     assert summary["val_acc1"] == last["metrics"]["val_acc1"]
