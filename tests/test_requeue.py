@@ -7,6 +7,7 @@ real: a worker sends it at a fixed step, to itself or to the process SLURM would
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -174,3 +175,22 @@ def test_a_restarted_fork_continues_from_its_own_last_checkpoint_once_it_has_one
     own.write_bytes(b"")
     assert resume.resolve(str(parent), fork) == own
     assert resume.resolve(None, fork) == resume.resolve("auto", fork) == own
+
+
+def test_a_run_resumes_its_own_last_checkpoint_when_asked_or_restarted_and_never_unasked(tmp_path, monkeypatch, caplog):
+    for name in [k for k in os.environ if k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))]:
+        monkeypatch.delenv(name)
+    run = tmp_path / "run"
+    last = run / "checkpoints" / "last.pt"
+    with caplog.at_level(logging.INFO, logger="turbotrain"):
+        assert resume.resolve("auto", run) is None
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    with caplog.at_level(logging.INFO, logger="turbotrain"):
+        assert resume.resolve(None, run) is None  # a worker restarted before the run's first checkpoint
+    assert caplog.messages == [f"trainer.resume=auto: no {last} yet, starting fresh"] * 2
+    last.parent.mkdir(parents=True)
+    last.write_bytes(b"")
+    assert resume.resolve(None, run) == last
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
+    assert resume.resolve("auto", run) == last
+    assert resume.resolve(None, run) is None  # a new job in a run's dir (which the run refuses) resumes nothing unasked
