@@ -50,6 +50,11 @@ EQUIVALENT: dict[str, str] = {
     "turbotrain.data.loader.x_set_epoch_seed__mutmut_9": "epoch - 1 for epoch + 1: another stream per epoch,"
     " as distinct across run seeds, epochs and ranks (what a user can see; tests/test_alternating checks it)",
     "turbotrain.data.loader.x_set_epoch_seed__mutmut_10": "epoch + 2: as mutant 9",
+    "turbotrain.train.loop.xǁTrainStateǁread_skips__mutmut_7": "skips=None after a read for [0, streak, streak]:"
+    " the next count_skip starts from [0, nan_streak, nan_streak], nan_streak just set to that streak, on the"
+    " flag's device, and a read before it returns nan_streak, the same streak",
+    "turbotrain.train.loop.x_step_unless__mutmut_3": "getattr default None for False: as falsy, an optimizer"
+    " without the attribute reads the flag either way",
     "turbotrain.train.loop.x_short_run__mutmut_10": "enabled=None for False: as falsy, the tracker is off and"
     " writes nothing (a test checks that nothing is written)",
     "turbotrain.train.loop.x_short_run__mutmut_11": "logger_cfg=None: a tracker that is off never reads it",

@@ -121,12 +121,25 @@ def test_precision_policy_on_cpu(amp_path):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype is torch.bfloat16
 
 
-def test_fp16_scaler_skips_steps_on_inf_grads(tmp_path):
+def test_fp16_steps_are_gradscalers_recipe_and_skip_inf_grads(tmp_path):
+    """precision=fp16 trains as torch's own GradScaler recipe does, written out here: the loss
+    scaled, the gradients unscaled before the step, a step with inf gradients skipped."""
     x, y = _data(32)
-    model = _mlp()
     x[0, 0] = float("inf")  # first batch makes inf gradients
+    model, ref = _mlp(), _mlp()
     state = _run(model, x, y, batch_size=8, accum=1, tmp_path=tmp_path, overrides=("precision=fp16",))
-    assert state.skipped_steps >= 1 and state.global_step == 4
+    cfg = make_cfg("optim=sgd", "optim.weight_decay=0", "precision=fp16")
+    opt, scaler = build_optimizer(ref, cfg.optim), torch.amp.GradScaler("cpu", init_scale=cfg.precision.init_scale)
+    for lo in range(0, 32, 8):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.cross_entropy(ref(x[lo : lo + 8]).float(), y[lo : lo + 8])
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    assert (state.skipped_steps, state.global_step, scaler.get_scale()) == (1, 4, cfg.precision.init_scale / 2)
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_no_weight_decay_on_norm_and_bias():

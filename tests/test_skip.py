@@ -14,6 +14,7 @@ import torch
 
 from conftest import make_cfg
 from test_loop import _data, _mlp, _run
+from turbotrain.train.loop import TrainState
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "turbotrain"
 assert (PACKAGE / "train" / "loop.py").is_file()  # the spy below watches this package's files
@@ -104,24 +105,66 @@ def test_a_skipped_first_step_leaves_no_trace(tmp_path):
         torch.testing.assert_close(a, b)
 
 
-def test_patience_is_counted_across_log_points(tmp_path):
-    """Consecutive skips are counted on the device between reads: the run still stops as diverged."""
+@pytest.mark.parametrize(("log_every", "stop"), [(1, 3), (2, 4), (10**6, 8)])
+def test_patience_is_counted_across_log_points(log_every, stop, tmp_path):
+    """Consecutive skips are counted on the device between reads, a streak across reads too: with
+    nan_patience=3 and every loss NaN the run stops at the first read after the third skip."""
     from turbotrain.train.loop import Diverged
 
     x, y = _data(64)
     x[:, 0] = float("nan")
-    with pytest.raises(Diverged, match="3 consecutive steps"):
-        _run(_mlp(), x, y, batch_size=8, accum=1, tmp_path=tmp_path, log_every=10**6, overrides=("trainer.nan_patience=3",))
+    overrides = ("trainer.nan_patience=3",)
+    with pytest.raises(Diverged, match=rf"^3 consecutive steps skipped .* at step {stop}$"):
+        _run(_mlp(), x, y, batch_size=8, accum=1, tmp_path=tmp_path, log_every=log_every, overrides=overrides)
 
 
-def test_on_nan_stop_names_the_first_bad_step_after_later_good_ones(tmp_path):
-    """One non-finite loss at step 1 of 4, read at the epoch's end: the run stops there, naming
-    step 1 and its loss, though the steps after it were finite."""
+def test_skip_counts_are_the_total_and_the_longest_streak_since_the_last_read():
+    state = TrainState(nan_streak=2)  # a resumed run in a streak of 2
+    for skipped in (1, 0, 1, 1, 1, 0, 1):
+        state.count_skip(torch.tensor(float(skipped)))
+    assert (state.read_skips(), state.skipped_steps, state.nan_streak) == (3, 5, 1)
+    for skipped in (1, 1):
+        state.count_skip(torch.tensor(float(skipped)))
+    assert (state.read_skips(), state.skipped_steps, state.nan_streak) == (3, 7, 3)  # the streak went on across the read
+    assert (state.read_skips(), state.skipped_steps) == (3, 7)  # nothing new: the current streak
+
+
+@pytest.mark.parametrize("kernel", [{"fused": True}, {"foreach": True}, {"foreach": False}])
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.AdamW])
+def test_step_unless_is_the_optimizers_step_or_a_step_never_taken(optimizer, kernel):
+    """With the flag clear, step_unless is optimizer.step(); with it set, the run goes on as if
+    that step's gradients had never come (fused kernels take the flag, the others read it)."""
+    from turbotrain.train.loop import step_unless
+
+    extra = {"momentum": 0.9} if optimizer is torch.optim.SGD else {}
+    models = [_mlp() for _ in range(4)]
+    plain, unless, skipping, without = (optimizer(m.parameters(), lr=0.1, **extra, **kernel) for m in models)
+    for step in range(3):
+        x, y = _data(8, seed=step)
+        for m in models:
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+        plain.step()
+        step_unless(unless, torch.tensor(0.0))
+        step_unless(skipping, torch.tensor(float(step == 1)))
+        if step != 1:
+            without.step()
+        for o in (plain, unless, skipping, without):
+            o.zero_grad()
+    for a, b in ((models[0], models[1]), (models[2], models[3])):
+        for p, q in zip(a.parameters(), b.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=0, atol=0)
+    assert not torch.equal(models[0][0].weight, models[2][0].weight)  # the skip changed something
+
+
+@pytest.mark.parametrize("bad_step", [0, 1])
+def test_on_nan_stop_names_the_first_bad_step_after_later_good_ones(bad_step, tmp_path):
+    """One non-finite loss at step 0 or 1 of 4, read at the epoch's end: the run stops there,
+    naming that step and its loss, though the steps after it were finite."""
     from turbotrain.train.loop import Diverged
 
     x, y = _data(32)
-    x[8, 0] = float("nan")
-    with pytest.raises(Diverged, match=r"^loss is nan at step 1$"):
+    x[8 * bad_step, 0] = float("nan")
+    with pytest.raises(Diverged, match=rf"^loss is nan at step {bad_step}$"):
         _run(_mlp(), x, y, batch_size=8, accum=1, tmp_path=tmp_path, log_every=10**6, overrides=("trainer.on_nan=stop",))
 
 

@@ -39,7 +39,10 @@ class TrainState:
     def count_skip(self, skipped: torch.Tensor) -> None:
         """Count one optimizer step, `skipped` 1 or 0 on the device, without reading it."""
         if self.skips is None:
-            self.skips = torch.tensor([0.0, self.nan_streak, self.nan_streak], device=skipped.device)
+            self.skips = torch.tensor(
+                [0.0, self.nan_streak, self.nan_streak],
+                device=skipped.device,  # pragma: no mutate (on a CPU every tensor is there: only a GPU run tells)
+            )
         total, streak, longest = self.skips.unbind()
         streak = (streak + 1) * skipped
         self.skips = torch.stack([total + skipped, streak, torch.maximum(longest, streak)])
