@@ -142,6 +142,30 @@ def test_fp16_steps_are_gradscalers_recipe_and_skip_inf_grads(tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_grad_clip_is_torchs_clip_before_the_step(precision, tmp_path):
+    """trainer.grad_clip equals clip_grad_norm_ written out before each step (after GradScaler's
+    unscale under fp16); the limit binds on these batches, so an unclipped run differs."""
+    x, y = _data(32)
+    model, ref = _mlp(), _mlp()
+    _run(model, x, y, batch_size=8, accum=1, tmp_path=tmp_path, overrides=(f"precision={precision}", "trainer.grad_clip=0.05"))
+    cfg = make_cfg("optim=sgd", "optim.weight_decay=0", f"precision={precision}")
+    opt, scaler = build_optimizer(ref, cfg.optim), torch.amp.GradScaler("cpu", enabled=precision == "fp16")
+    norms = []
+    for lo in range(0, 32, 8):
+        with torch.autocast("cpu", dtype=torch.float16, enabled=precision == "fp16"):
+            loss = nn.functional.cross_entropy(ref(x[lo : lo + 8]).float(), y[lo : lo + 8])
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        norms.append(float(nn.utils.clip_grad_norm_(ref.parameters(), 0.05)))
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    assert min(norms) > 0.05
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_no_weight_decay_on_norm_and_bias():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 2))
     opt = build_optimizer(model, make_cfg("optim=adamw").optim)

@@ -360,13 +360,20 @@ def _poison_first_grad_once(model) -> None:
     next(model.parameters()).register_hook(hook)
 
 
-def test_finite_loss_with_nan_grads_is_skipped_with_nan_check_grads(tmp_path):
+@pytest.mark.parametrize(
+    "overrides",
+    [("trainer.nan_check=grads",), ("trainer.nan_check=loss", "trainer.grad_clip=1.0")],
+    ids=["nan_check=grads", "grad_clip's norm"],
+)
+def test_finite_loss_with_nan_grads_is_skipped_where_the_gradients_are_checked(overrides, tmp_path):
+    """nan_check=grads checks them; so does grad_clip's norm, under nan_check=loss too (clipping by
+    a NaN norm would make every gradient NaN)."""
     from test_loop import _data, _mlp, _run
 
     x, y = _data(32)
     model = _mlp()
     _poison_first_grad_once(model)
-    state = _run(model, x, y, batch_size=8, accum=1, tmp_path=tmp_path, overrides=("trainer.nan_check=grads",))
+    state = _run(model, x, y, batch_size=8, accum=1, tmp_path=tmp_path, overrides=overrides)
     assert state.skipped_steps == 1 and state.global_step == 4
     assert all(torch.isfinite(p).all() for p in model.parameters())
 

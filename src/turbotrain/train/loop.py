@@ -110,8 +110,7 @@ def _optimizer_step(model, optimizer, scheduler, precision: Precision, grad_clip
         skipped = (scaler._scale < scale).float()  # the scale only drops when grads were inf/NaN
     else:
         if bad is None or grad_clip:
-            grads = [p.grad for p in model.parameters() if p.grad is not None]
-            norm = nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+            norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])  # 0 for none
             bad = ~torch.isfinite(norm) if bad is None else bad | ~torch.isfinite(norm)
             if grad_clip:  # a non-finite norm makes the gradients NaN: that step is skipped anyway
                 nn.utils.clip_grads_with_norm_(model.parameters(), grad_clip, norm)
