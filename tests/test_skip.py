@@ -182,13 +182,13 @@ def _summed_over_two_threads():
     return reduce
 
 
-def test_on_nan_stop_stops_every_rank_and_each_names_what_it_saw(tmp_path, monkeypatch):
-    """Two ranks, one of which has a non-finite loss at step 1: both stop at the epoch's end; that
-    rank names its step and loss, the other names the other rank (its own losses were finite)."""
+def _two_ranks(tmp_path, monkeypatch, *overrides: str) -> dict:
+    """An epoch of 4 steps on two threads standing in for DDP ranks (their flags summed as DDP's
+    all-reduce would), rank 1's step 1 with a NaN loss: per rank, its state or why it stopped."""
     import test_loop
     from turbotrain.train.loop import Diverged
 
-    reduce, raised, lock = _summed_over_two_threads(), {}, threading.Lock()
+    reduce, out, lock = _summed_over_two_threads(), {}, threading.Lock()
     compose = test_loop.make_cfg
 
     def make_cfg_alone(*overrides):  # Hydra's composition is one global state: one thread at a time
@@ -202,7 +202,7 @@ def test_on_nan_stop_stops_every_rank_and_each_names_what_it_saw(tmp_path, monke
         if r == 1:
             x[8, 0] = float("nan")
         try:
-            _run(
+            out[r] = _run(
                 _mlp(),
                 x,
                 y,
@@ -210,15 +210,28 @@ def test_on_nan_stop_stops_every_rank_and_each_names_what_it_saw(tmp_path, monke
                 accum=1,
                 tmp_path=tmp_path / str(r),
                 log_every=10**6,
-                overrides=("trainer.on_nan=stop",),
+                overrides=overrides,
                 reduce=functools.partial(reduce, rank=r),
             )
         except Diverged as e:
-            raised[r] = str(e)
+            out[r] = str(e)
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert raised == {0: "another rank's loss was not finite at step 4", 1: "loss is nan at step 1"}
+    return out
+
+
+def test_on_nan_stop_stops_every_rank_and_each_names_what_it_saw(tmp_path, monkeypatch):
+    """Both stop at the epoch's end; rank 1 names its step and loss, rank 0 the other rank (its own
+    losses were finite)."""
+    stopped = _two_ranks(tmp_path, monkeypatch, "trainer.on_nan=stop")
+    assert stopped == {0: "another rank's loss was not finite at step 4", 1: "loss is nan at step 1"}
+
+
+def test_one_ranks_non_finite_loss_skips_that_step_on_every_rank(tmp_path, monkeypatch):
+    """DDP's ranks must take the same steps: rank 0's losses were finite, yet it skips step 1 too."""
+    states = _two_ranks(tmp_path, monkeypatch, "trainer.on_nan=skip")
+    assert [(s.skipped_steps, s.global_step) for s in (states[0], states[1])] == [(1, 4), (1, 4)]

@@ -230,8 +230,10 @@ def train_one_epoch(
     groups are fixed by position in the epoch, so each group's loss is divided by its own length (the
     last may be short). `on_device` transforms a batch on its device (resolution, mixing)."""
     tc, accum = trainer_cfg, trainer_cfg.grad_accum_steps
-    step = Step(model, optimizer, scheduler, precision, tc, reduce, torch.zeros((), device=device))
-    meter = Meter(device)
+    # on a CPU every tensor is on the device: only a GPU run (bench/gpu_check.sh) tells these two apart
+    nonfinite = torch.zeros((), device=device)  # pragma: no mutate
+    step = Step(model, optimizer, scheduler, precision, tc, reduce, nonfinite)
+    meter = Meter(device)  # pragma: no mutate
     model.train()
     bar = tracker.bar(batches_in_epoch, f"epoch {state.epoch}")
     bar.update(state.batch_in_epoch)
