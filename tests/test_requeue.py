@@ -7,7 +7,6 @@ real: a worker sends it at a fixed step, to itself or to the process SLURM would
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import sys
@@ -16,9 +15,7 @@ import pytest
 
 from conftest import ROOT, TINY, make_cfg, run_cli
 from test_train import assert_same_run
-from turbotrain.train import resume
 from turbotrain.train.preemption import Preempted
-from turbotrain.train.requeue import note_stop
 from turbotrain.train.run import train
 
 RUN = (*TINY, "trainer.max_epochs=2", "trainer.limit_train_batches=10", "trainer.log_every_n_steps=2")
@@ -153,44 +150,3 @@ def test_submitit_requeues_the_job_on_sigusr2_and_its_rerun_continues_the_run(tm
     assert "stopped by SIGUSR2 at step 5" in log and "Requeued job" in log, log[-3000:]
     assert "resumed from" in log and "at epoch 0, step 5" in log, log[-3000:]
     assert_same_run(full, sweep / "0")
-
-
-@pytest.mark.parametrize("how", ["elastic restart", "requeued job"])
-def test_a_restarted_fork_continues_from_its_own_last_checkpoint_once_it_has_one(tmp_path, monkeypatch, how):
-    """A fork (trainer.resume=<another run's checkpoint>) that is restarted or requeued keeps its
-    typed trainer.resume: before its first checkpoint it starts again from the parent's, after it
-    continues its own, never falling back to the parent's and losing its steps."""
-    for name in [k for k in os.environ if k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))]:
-        monkeypatch.delenv(name)
-    parent, fork = tmp_path / "parent" / "checkpoints" / "last.pt", tmp_path / "fork"
-    (fork / "checkpoints").mkdir(parents=True)
-    assert resume.resolve(str(parent), fork) == parent  # its first start
-    if how == "elastic restart":
-        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    else:
-        monkeypatch.setenv("SLURM_JOB_ID", "7")
-        note_stop(fork / "checkpoints", signal.SIGUSR2, step=5)
-    assert resume.resolve(str(parent), fork) == parent  # stopped before its first checkpoint
-    own = fork / "checkpoints" / "last.pt"
-    own.write_bytes(b"")
-    assert resume.resolve(str(parent), fork) == own
-    assert resume.resolve(None, fork) == resume.resolve("auto", fork) == own
-
-
-def test_a_run_resumes_its_own_last_checkpoint_when_asked_or_restarted_and_never_unasked(tmp_path, monkeypatch, caplog):
-    for name in [k for k in os.environ if k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))]:
-        monkeypatch.delenv(name)
-    run = tmp_path / "run"
-    last = run / "checkpoints" / "last.pt"
-    with caplog.at_level(logging.INFO, logger="turbotrain"):
-        assert resume.resolve("auto", run) is None
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    with caplog.at_level(logging.INFO, logger="turbotrain"):
-        assert resume.resolve(None, run) is None  # a worker restarted before the run's first checkpoint
-    assert caplog.messages == [f"trainer.resume=auto: no {last} yet, starting fresh"] * 2
-    last.parent.mkdir(parents=True)
-    last.write_bytes(b"")
-    assert resume.resolve(None, run) == last
-    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
-    assert resume.resolve("auto", run) == last
-    assert resume.resolve(None, run) is None  # a new job in a run's dir (which the run refuses) resumes nothing unasked
