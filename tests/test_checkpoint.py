@@ -6,7 +6,6 @@ round trips are in test_resume.py and test_reliability.py)."""
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 import torch
@@ -51,9 +50,8 @@ def test_load_names_the_file_and_what_is_wrong_with_it(tmp_path):
     garbage.write_bytes(b"not a zip file at all")
     with pytest.raises(CheckpointError) as refused:
         ckpt_io.load(garbage)
-    assert re.fullmatch(
-        rf"checkpoint {re.escape(str(garbage))} is unreadable or corrupt \(\w+Error: [^\n]+\)", str(refused.value)
-    )
+    # torch's own words, from its page of advice only the line that names the fault
+    assert str(refused.value) == f"checkpoint {garbage} is unreadable or corrupt (UnpicklingError: Unsupported operand 110)"
     assert ckpt_io.load(_saved(tmp_path, {"format": 1, "model": {"w": torch.ones(1)}}))["model"]["w"].item() == 1.0
 
 
@@ -64,8 +62,14 @@ class Gadget:  # a class outside torch's safe globals: what a crafted checkpoint
 def test_a_pickled_object_is_refused_even_where_the_environment_lifts_torchs_safe_load(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # torch's default then loads any pickle
     path = _saved(tmp_path, {"format": 1, "model": {}, "x": Gadget()})
-    with pytest.raises(CheckpointError, match=r"is unreadable or corrupt \(UnpicklingError: "):
+    with pytest.raises(CheckpointError) as refused:
         ckpt_io.load(path)
+    gadget = f"{__name__}.Gadget"
+    assert str(refused.value).startswith(
+        f"checkpoint {path} is unreadable or corrupt (UnpicklingError: Unsupported global: GLOBAL {gadget} was not an"
+        f" allowed global by default. Please use `torch.serialization.add_safe_globals([{gadget}])`"
+    )
+    assert "\n" not in str(refused.value) and "Weights only load failed" not in str(refused.value)
 
 
 def test_a_state_of_another_architecture_is_named_in_one_line():
