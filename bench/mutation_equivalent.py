@@ -55,7 +55,7 @@ EQUIVALENT: dict[str, str] = {
     " flag's device, and a read before it returns nan_streak, the same streak",
     "turbotrain.train.loop.x_step_unless__mutmut_3": "getattr default None for False: as falsy, an optimizer"
     " without the attribute reads the flag either way",
-    "turbotrain.train.loop.x__optimizer_step__mutmut_23": "under grad_clip, the gradients' norm alone for the losses'"
+    "turbotrain.train.loop.x__optimizer_step__mutmut_19": "under grad_clip, the gradients' norm alone for the losses'"
     " flag or'ed with it: a non-finite loss (any rank's, agreed) gives non-finite gradients, so the norm flags"
     " every step the losses did",
     "turbotrain.train.loop.x_short_run__mutmut_10": "enabled=None for False: as falsy, the tracker is off and"
