@@ -230,13 +230,11 @@ def train_one_epoch(
     groups are fixed by position in the epoch, so each group's loss is divided by its own length (the
     last may be short). `on_device` transforms a batch on its device (resolution, mixing)."""
     tc, accum = trainer_cfg, trainer_cfg.grad_accum_steps
-    # on a CPU every tensor is on the device: only a GPU run (bench/gpu_check.sh) tells these two apart
-    nonfinite = torch.zeros((), device=device)  # pragma: no mutate
+    nonfinite = torch.zeros((), device=device)  # pragma: no mutate (a CPU's tensors are all there: a GPU run tells)
     step = Step(model, optimizer, scheduler, precision, tc, reduce, nonfinite)
-    meter = Meter(device)  # pragma: no mutate
+    meter = Meter(device)  # pragma: no mutate (as nonfinite's device)
     model.train()
-    bar = tracker.bar(batches_in_epoch, f"epoch {state.epoch}")
-    bar.update(state.batch_in_epoch)
+    bar = tracker.bar(batches_in_epoch, f"epoch {state.epoch}", done=state.batch_in_epoch)
 
     def more() -> bool:
         return state.batch_in_epoch < batches_in_epoch and (tc.max_steps is None or state.global_step < tc.max_steps)

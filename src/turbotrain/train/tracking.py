@@ -177,9 +177,11 @@ class Tracker:
         if self._lines is not None and event["split"] == "train":
             self._lines.train_event(event)
 
-    def bar(self, total: int | None, desc: str) -> tqdm:
+    def bar(self, total: int | None, desc: str, done: int = 0) -> tqdm:
+        """`done` of `total` already behind it (a resumed epoch): its rate counts this session's alone."""
         return tqdm(
             total=total,
+            initial=done,
             desc=desc,
             disable=not self.progress_bar,
             dynamic_ncols=True,
