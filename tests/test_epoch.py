@@ -3,38 +3,31 @@ resumed epoch, and the gradients' memory freed between steps."""
 
 from __future__ import annotations
 
-from torch.utils.data import DataLoader, TensorDataset
-
 from conftest import make_cfg
-from test_loop import CPU, _data, _mlp
-from turbotrain.train.loop import TrainState, train_one_epoch
-from turbotrain.train.optim import build_optimizer
-from turbotrain.train.precision import build_precision
+from test_loop import _data, _mlp, _run
+from turbotrain.train.loop import TrainState
 from turbotrain.train.tracking import Tracker
 
 
 def _resumed_epoch(tmp_path, on_step, *, bar: bool) -> TrainState:
     """Epoch 3 of 4 batches resumed after its second: the loader holds the last two batches."""
     x, y = _data(32)
-    model, cfg = _mlp(), make_cfg("optim=sgd", "precision=fp32")
-    cfg.trainer.log_every_n_steps = 1
-    tracker = Tracker(tmp_path, enabled=False, logger_cfg=cfg.logger, config={})
+    model = _mlp()
+    tracker = Tracker(tmp_path, enabled=False, logger_cfg=make_cfg().logger, config={})
     tracker.progress_bar = bar  # what a terminal's stderr gets
     state = TrainState(epoch=3, batch_in_epoch=2, global_step=2)
-    train_one_epoch(
+    return _run(
         model,
-        DataLoader(TensorDataset(x[16:], y[16:]), batch_size=8),
-        build_optimizer(model, cfg.optim),
-        None,
-        build_precision(cfg.precision, CPU),
-        state,
-        trainer_cfg=cfg.trainer,
-        device=CPU,
+        x[16:],
+        y[16:],
+        batch_size=8,
+        accum=1,
+        tmp_path=tmp_path,
+        state=state,
         tracker=tracker,
         batches_in_epoch=4,
         on_step=lambda s: on_step(model),
     )
-    return state
 
 
 def test_the_bar_of_a_resumed_epoch_counts_on_from_where_it_stopped(tmp_path, capsys):

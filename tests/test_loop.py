@@ -26,13 +26,15 @@ def _data(n: int, seed: int = 0):
     return torch.randn(n, 12, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def _run(model, x, y, *, batch_size, accum, tmp_path, overrides=(), log_every=1, optim="sgd", reduce=None):
+def _run(model, x, y, *, batch_size, accum, tmp_path, overrides=(), log_every=1, optim="sgd", reduce=None, state=None, **epoch):
+    """One train_one_epoch over (x, y); `state` a resumed epoch's (its loader then holds the rest,
+    `batches_in_epoch` given), `epoch` its other keywords (on_step, ...)."""
     cfg = make_cfg(f"optim={optim}", "optim.weight_decay=0", "precision=fp32", *overrides)
     cfg.trainer.grad_accum_steps = accum
     cfg.trainer.log_every_n_steps = log_every
     opt = build_optimizer(model, cfg.optim)
     loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False)
-    state = TrainState()
+    state = state or TrainState()
     train_one_epoch(
         model,
         loader,
@@ -42,9 +44,10 @@ def _run(model, x, y, *, batch_size, accum, tmp_path, overrides=(), log_every=1,
         state,
         trainer_cfg=cfg.trainer,
         device=CPU,
-        tracker=Tracker(tmp_path, enabled=False, logger_cfg=cfg.logger, config={}),
-        batches_in_epoch=len(loader),
+        tracker=epoch.pop("tracker", None) or Tracker(tmp_path, enabled=False, logger_cfg=cfg.logger, config={}),
+        batches_in_epoch=epoch.pop("batches_in_epoch", len(loader)),
         reduce=reduce,
+        **epoch,
     )
     return state
 
@@ -121,23 +124,37 @@ def test_precision_policy_on_cpu(amp_path):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype is torch.bfloat16
 
 
+def _written_out(ref, x, y, precision: str, clip: float | None = None):
+    """The steps _run takes on batches of 8, written out with torch's own pieces (autocast,
+    GradScaler, clip_grad_norm_): the gradient norms clipped, and the scaler."""
+    cfg = make_cfg("optim=sgd", "optim.weight_decay=0", f"precision={precision}")
+    fp16 = precision == "fp16"
+    opt = build_optimizer(ref, cfg.optim)
+    scaler = torch.amp.GradScaler("cpu", init_scale=cfg.precision.init_scale if fp16 else 2.0**16, enabled=fp16)
+    norms = []
+    for lo in range(0, len(x), 8):
+        with torch.autocast("cpu", dtype=torch.float16, enabled=fp16):
+            loss = nn.functional.cross_entropy(ref(x[lo : lo + 8]).float(), y[lo : lo + 8])
+        scaler.scale(loss).backward()
+        if clip:
+            scaler.unscale_(opt)
+            norms.append(float(nn.utils.clip_grad_norm_(ref.parameters(), clip)))
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    return norms, scaler
+
+
 def test_fp16_steps_are_gradscalers_recipe_and_skip_inf_grads(tmp_path):
-    """precision=fp16 trains as torch's own GradScaler recipe does, written out here: the loss
-    scaled, the gradients unscaled before the step, a step with inf gradients skipped."""
+    """precision=fp16 trains as torch's own GradScaler recipe does: the loss scaled, the gradients
+    unscaled before the step, a step with inf gradients skipped."""
     x, y = _data(32)
     x[0, 0] = float("inf")  # first batch makes inf gradients
     model, ref = _mlp(), _mlp()
     state = _run(model, x, y, batch_size=8, accum=1, tmp_path=tmp_path, overrides=("precision=fp16",))
-    cfg = make_cfg("optim=sgd", "optim.weight_decay=0", "precision=fp16")
-    opt, scaler = build_optimizer(ref, cfg.optim), torch.amp.GradScaler("cpu", init_scale=cfg.precision.init_scale)
-    for lo in range(0, 32, 8):
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = nn.functional.cross_entropy(ref(x[lo : lo + 8]).float(), y[lo : lo + 8])
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
-    assert (state.skipped_steps, state.global_step, scaler.get_scale()) == (1, 4, cfg.precision.init_scale / 2)
+    _, scaler = _written_out(ref, x, y, "fp16")
+    init_scale = make_cfg("precision=fp16").precision.init_scale
+    assert (state.skipped_steps, state.global_step, scaler.get_scale()) == (1, 4, init_scale / 2)
     for a, b in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -149,18 +166,7 @@ def test_grad_clip_is_torchs_clip_before_the_step(precision, tmp_path):
     x, y = _data(32)
     model, ref = _mlp(), _mlp()
     _run(model, x, y, batch_size=8, accum=1, tmp_path=tmp_path, overrides=(f"precision={precision}", "trainer.grad_clip=0.05"))
-    cfg = make_cfg("optim=sgd", "optim.weight_decay=0", f"precision={precision}")
-    opt, scaler = build_optimizer(ref, cfg.optim), torch.amp.GradScaler("cpu", enabled=precision == "fp16")
-    norms = []
-    for lo in range(0, 32, 8):
-        with torch.autocast("cpu", dtype=torch.float16, enabled=precision == "fp16"):
-            loss = nn.functional.cross_entropy(ref(x[lo : lo + 8]).float(), y[lo : lo + 8])
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        norms.append(float(nn.utils.clip_grad_norm_(ref.parameters(), 0.05)))
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
+    norms, _ = _written_out(ref, x, y, precision, clip=0.05)
     assert min(norms) > 0.05
     for a, b in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
