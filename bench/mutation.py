@@ -36,6 +36,7 @@ from turbotrain.core.atomic import atomic_write_text
 
 WORK = Path(os.path.expanduser("~/.cache/turbotrain/bench/mutation"))
 TEST_HASHES = WORK / "test_hashes.json"  # the test files as the last run's stats saw them
+BEYOND = WORK / "beyond_budget.json"  # mutants killed by a run of every covering test (--beyond-budget)
 # seconds of covering tests (their stats-pass times and fixture set-up, cheapest first) a mutant
 # runs: a survivor of a function every training test runs would otherwise cost ten minutes; a
 # survivor is worth trying against the rest (mutmut run <name>, budget unset) before a test is
@@ -142,6 +143,25 @@ def run(*modules: str, children: int = 2, left_only: bool = False) -> Path:
     return collect(modules, seconds=time.perf_counter() - t0, children=children)
 
 
+def beyond_budget(*mutants: str, children: int = 2) -> Path:
+    """Run the named mutants (survivors of a budgeted run) against every test that covers them, and
+    record which this kills: the table counts those kills apart, since a budgeted run would not."""
+    work = WORK / "tree"
+    for module in {_module(m) for m in mutants}:  # mutmut runs a named mutant only if it has no verdict yet
+        meta = work / "mutants" / f"{module}.meta"
+        data = json.loads(meta.read_text())
+        data["exit_code_by_key"].update({m: None for m in mutants if m in data["exit_code_by_key"]})
+        atomic_write_text(meta, json.dumps(data))
+    with open(WORK / "mutmut.log", "w") as log:
+        env = {k: v for k, v in os.environ.items() if k != BUDGET_ENV}
+        command = ["mutmut", "run", "--max-children", str(children), *mutants]
+        subprocess.run(command, cwd=work, env=env, stdout=log, stderr=log, check=True)
+    status = _results(work)
+    seen = json.loads(BEYOND.read_text()) if BEYOND.is_file() else []
+    atomic_write_text(BEYOND, json.dumps(sorted(set(seen) | {m for m in mutants if status.get(m) in KILLED})))
+    return collect(sorted({_module(m) for m in mutants}), children=children)
+
+
 def _pattern(module: str) -> str:
     """The mutmut names of a module's mutants, as a pattern: src/turbotrain/data/tars.py -> turbotrain.data.tars.x*"""
     return module.removeprefix("src/").removesuffix(".py").replace("/", ".") + ".x*"
@@ -190,6 +210,7 @@ def collect(modules: list[str], seconds: float | None = None, children: int = 2)
     commit its tests were at."""
     work, commit = WORK / "tree", (WORK / "tree.commit").read_text()
     status = _results(work)
+    beyond = set(json.loads(BEYOND.read_text())) if BEYOND.is_file() else set()
     earlier = json.loads((RESULTS / "mutation.json").read_text()) if (RESULTS / "mutation.json").is_file() else {}
     per_module = dict(earlier.get("modules", {}))
     for module in modules:
@@ -200,6 +221,8 @@ def collect(modules: list[str], seconds: float | None = None, children: int = 2)
             "seconds": seconds,
             "status": dict(Counter(mine.values())),
             "survivors": survivors,
+            # killed only by a test beyond the budget (a budgeted run since may have killed it too)
+            "killed_beyond_budget": sorted(m for m, s in mine.items() if s in KILLED and m in beyond),
             # with its diff, to check against its reason (a mutant's number moves when its function changes);
             # one a test killed is not
             "equivalent": {m: _show(work, m) for m, s in sorted(mine.items()) if s in LIVED and m in EQUIVALENT},
@@ -236,6 +259,7 @@ def scores(result: dict) -> dict[str, dict]:
         out[module] = {
             "checked": checked,
             "killed": killed,
+            "killed_beyond_budget": len(m.get("killed_beyond_budget", ())),
             "equivalent": equivalent,
             "unchecked": counts.get("not checked", 0),  # a stopped run's: its score is over the rest only
             "score": killed / denominator if denominator else None,
@@ -243,37 +267,9 @@ def scores(result: dict) -> dict[str, dict]:
     return out
 
 
-def section(results: Path) -> str:
-    """docs/benchmarks.md's table: per module, its mutants and the share of them the tests kill."""
-    from bench.readme import machine
-
-    if not (results / "mutation.json").is_file():
-        return "No run recorded yet: `python -m bench mutation` writes `bench/results/mutation.json` and this table."
-    result = json.loads((results / "mutation.json").read_text())
-    lines = [
-        f"Measured by `python -m bench mutation` (mutmut, {result['children']} children{_budget(result)}) on "
-        f"{machine(result['hardware'])}, `bench/results/mutation.json`; score = killed / (checked - equivalent).",
-        "",
-        "| module | mutants checked | not yet checked | killed | equivalent | survived | score | tests at |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for module, s in result["scores"].items():
-        score = "-" if s["score"] is None else f"{100 * s['score']:.1f} %"
-        survived = s["checked"] - s["killed"] - s["equivalent"]
-        commit = result["modules"][module]["commit"]
-        cells = (f"`{module}`", s["checked"], s["unchecked"], s["killed"], s["equivalent"], survived, score, commit)
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
-    exempt = result.get("exempt", {})
-    if exempt:
-        lines += ["", f"Lines exempt from mutation (`# pragma: no mutate`; why, in a comment at each): {', '.join(exempt)}."]
-    return "\n".join(lines)
-
-
-def _budget(result: dict) -> str:
-    budget = result.get("test_budget_s")  # runs from before the budget ran every covering test
-    return f", each mutant against its covering tests cheapest first, up to {budget:g} s of them" if budget else ""
-
-
-if __name__ == "__main__":  # python -m bench.mutation [--collect | --left] [module ...]
-    args = [a for a in sys.argv[1:] if a not in ("--collect", "--left")]
-    print(collect(args or MODULES) if "--collect" in sys.argv else run(*args, left_only="--left" in sys.argv))
+if __name__ == "__main__":  # python -m bench.mutation [--collect | --left] [module ...] | --beyond-budget mutant ...
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if "--beyond-budget" in sys.argv:
+        print(beyond_budget(*args))
+    else:
+        print(collect(args or MODULES) if "--collect" in sys.argv else run(*args, left_only="--left" in sys.argv))

@@ -178,7 +178,7 @@ def data_scale(results: Path) -> str:
 def mutation(results: Path) -> str:
     import importlib
 
-    return importlib.import_module("bench.mutation").section(results)
+    return importlib.import_module("bench.mutation_report").section(results)
 
 
 def result_table(results: Path, name: str, how: str) -> str:

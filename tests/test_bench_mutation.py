@@ -50,3 +50,24 @@ def test_the_tests_of_an_edited_file_are_mapped_again_and_the_others_kept(tmp_pa
         "tests_by_mangled_function_name": {"m.x_f": ["tests/test_a.py::test_x"]},
         "other": "kept",
     }
+
+
+def test_kills_beyond_the_budget_are_counted_and_shown_apart(tmp_path):
+    from bench.mutation_report import section
+
+    module = {"commit": "abc1234", "status": {"killed": 9, "survived": 1}, "equivalent": {}, "killed_beyond_budget": ["m1", "m2"]}
+    result = {"children": 2, "test_budget_s": 30.0, "modules": {"train/run.py": module}}
+    result["hardware"] = {"cpu": "AMD EPYC", "isa": ["avx2"], "cores": 2, "gpu": None, "torch": "2.14.1"}
+    counts = {"checked": 10, "killed": 9, "killed_beyond_budget": 2, "equivalent": 0, "unchecked": 0, "score": 0.9}
+    assert mutation.scores(result) == {"train/run.py": counts}
+
+    def table() -> str:
+        (tmp_path / "mutation.json").write_text(json.dumps({**result, "scores": mutation.scores(result)}))
+        return section(tmp_path)
+
+    shown = table()
+    assert "| `train/run.py` | 10 | 0 | 9 (2 beyond the budget) | 0 | 1 | 90.0 % | abc1234 |" in shown
+    assert "Beyond the budget:" in shown
+    module["killed_beyond_budget"] = []
+    shown = table()
+    assert "| `train/run.py` | 10 | 0 | 9 | 0 | 1 | 90.0 % | abc1234 |" in shown and "Beyond the budget" not in shown
