@@ -32,6 +32,7 @@ from pathlib import Path
 from bench.common import RESULTS, ROOT, write
 from bench.mutation_equivalent import EQUIVALENT
 from bench.mutation_order import BUDGET_ENV
+from bench.mutation_verdicts import record, seed
 from turbotrain.core.atomic import atomic_write_text
 
 WORK = Path(os.path.expanduser("~/.cache/turbotrain/bench/mutation"))
@@ -128,6 +129,7 @@ def run(*modules: str, children: int = 2, left_only: bool = False) -> Path:
         raise SystemExit("bench mutation needs mutmut: pip install -e .[mutation]")
     work = _work_tree()
     _configure(work)
+    _seed(work)
     _forget_changed_tests(work)
     left = _forget_survivors(work, modules)
     t0 = time.perf_counter()
@@ -160,6 +162,20 @@ def beyond_budget(*mutants: str, children: int = 2) -> Path:
     seen = json.loads(BEYOND.read_text()) if BEYOND.is_file() else []
     atomic_write_text(BEYOND, json.dumps(sorted(set(seen) | {m for m in mutants if status.get(m) in KILLED})))
     return collect(sorted({_module(m) for m in mutants}), children=children)
+
+
+def _seed(work: Path) -> None:
+    """A fresh tree starts from the verdicts mutation.json carries (bench/mutation_verdicts.py)."""
+    earlier = _recorded()
+    for module in MODULES:
+        verdicts = earlier.get("modules", {}).get(module.removeprefix("src/turbotrain/"), {}).get("verdicts", {})
+        if seed(work / "mutants" / f"{module}.meta", module, verdicts):
+            print(f"bench mutation: {module} continues from the verdicts in mutation.json", flush=True)
+
+
+def _recorded() -> dict:
+    path = RESULTS / "mutation.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _pattern(module: str) -> str:
@@ -211,7 +227,7 @@ def collect(modules: list[str], seconds: float | None = None, children: int = 2)
     work, commit = WORK / "tree", (WORK / "tree.commit").read_text()
     status = _results(work)
     beyond = set(json.loads(BEYOND.read_text())) if BEYOND.is_file() else set()
-    earlier = json.loads((RESULTS / "mutation.json").read_text()) if (RESULTS / "mutation.json").is_file() else {}
+    earlier = _recorded()
     per_module = dict(earlier.get("modules", {}))
     for module in modules:
         mine = {m: s for m, s in status.items() if _module(m) == module}
@@ -226,6 +242,7 @@ def collect(modules: list[str], seconds: float | None = None, children: int = 2)
             # with its diff, to check against its reason (a mutant's number moves when its function changes);
             # one a test killed is not
             "equivalent": {m: _show(work, m) for m, s in sorted(mine.items()) if s in LIVED and m in EQUIVALENT},
+            "verdicts": record(work / "mutants" / f"{module}.meta"),
         }
     payload = {"children": children, "test_budget_s": TEST_BUDGET_S, "modules": per_module, "equivalent": EQUIVALENT}
     payload["exempt"] = exempt_lines(MODULES)

@@ -71,3 +71,31 @@ def test_kills_beyond_the_budget_are_counted_and_shown_apart(tmp_path):
     module["killed_beyond_budget"] = []
     shown = table()
     assert "| `train/run.py` | 10 | 0 | 9 | 0 | 1 | 90.0 % | abc1234 |" in shown and "Beyond the budget" not in shown
+
+
+def test_verdicts_carried_in_the_json_give_a_fresh_tree_mutmuts_results_file_back(tmp_path):
+    from bench.mutation_verdicts import record, seed
+
+    codes = {
+        "turbotrain.train.loop.xǁStepǁbackward__mutmut_2": 0,
+        "turbotrain.train.loop.xǁStepǁbackward__mutmut_1": 1,
+        "turbotrain.train.loop.xǁStepǁbackward__mutmut_3": None,
+        "turbotrain.train.loop.x_to_device__mutmut_1": 33,
+    }
+    hashes = {"xǁStepǁbackward": "aaa", "x_to_device": "bbb"}
+    meta = tmp_path / "old" / "loop.py.meta"
+    meta.parent.mkdir()
+    meta.write_text(json.dumps({"exit_code_by_key": codes, "hash_by_function_name": hashes, "durations_by_key": {"x": 1.0}}))
+    verdicts = json.loads(json.dumps(record(meta)))  # as mutation.json holds them
+    assert verdicts == {
+        "x_to_device": {"hash": "bbb", "exit_codes": [33]},
+        "xǁStepǁbackward": {"hash": "aaa", "exit_codes": [1, 0, None]},
+    }
+
+    fresh = tmp_path / "new" / "mutants" / "src" / "turbotrain" / "train" / "loop.py.meta"
+    assert seed(fresh, "src/turbotrain/train/loop.py", verdicts)
+    written = json.loads(fresh.read_text())
+    assert (written["exit_code_by_key"], written["hash_by_function_name"]) == (codes, hashes)
+    other = {"x_to_device": {"hash": "ccc", "exit_codes": [1]}}
+    assert not seed(fresh, "src/turbotrain/train/loop.py", other)  # a tree's own results stay
+    assert json.loads(fresh.read_text()) == written
