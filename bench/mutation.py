@@ -145,22 +145,23 @@ def run(*modules: str, children: int = 2, left_only: bool = False) -> Path:
     return collect(modules, seconds=time.perf_counter() - t0, children=children)
 
 
-def beyond_budget(*mutants: str, children: int = 2) -> Path:
-    """Run the named mutants (survivors of a budgeted run) against every test that covers them, and
-    record which this kills: the table counts those kills apart, since a budgeted run would not."""
+def again(*mutants: str, budget: bool = True, children: int = 2) -> Path:
+    """Check the named mutants again: a timeout while the machine was busy with something else (a
+    CPU-seconds limit counts threads that waited for a core) is not a kill. budget=False runs them
+    against every test that covers them and records which this kills, for the table to count those
+    kills apart (a budgeted run would not have made them)."""
     work = WORK / "tree"
-    for module in {_module(m) for m in mutants}:  # mutmut runs a named mutant only if it has no verdict yet
-        meta = work / "mutants" / f"{module}.meta"
-        data = json.loads(meta.read_text())
-        data["exit_code_by_key"].update({m: None for m in mutants if m in data["exit_code_by_key"]})
-        atomic_write_text(meta, json.dumps(data))
+    for module in {_module(m) for m in mutants}:
+        _forget(work, module, lambda k, v: k in mutants)
     with open(WORK / "mutmut.log", "w") as log:
         env = {k: v for k, v in os.environ.items() if k != BUDGET_ENV}
+        env.update({BUDGET_ENV: str(TEST_BUDGET_S)} if budget else {})
         command = ["mutmut", "run", "--max-children", str(children), *mutants]
         subprocess.run(command, cwd=work, env=env, stdout=log, stderr=log, check=True)
-    status = _results(work)
-    seen = json.loads(BEYOND.read_text()) if BEYOND.is_file() else []
-    atomic_write_text(BEYOND, json.dumps(sorted(set(seen) | {m for m in mutants if status.get(m) in KILLED})))
+    if not budget:
+        status = _results(work)
+        seen = json.loads(BEYOND.read_text()) if BEYOND.is_file() else []
+        atomic_write_text(BEYOND, json.dumps(sorted(set(seen) | {m for m in mutants if status.get(m) in KILLED})))
     return collect(sorted({_module(m) for m in mutants}), children=children)
 
 
@@ -208,16 +209,19 @@ def _forget_survivors(work: Path, modules: list[str]) -> list[str]:
     two), except those judged equivalent (each would run its whole test budget to survive again:
     a changed function gets new mutants anyway); returns every mutant now unchecked. mutmut 3.8's
     results file per module: exit code 0 survived, 33 no tests, None unchecked."""
-    left = []
-    for module in modules:
-        meta = work / "mutants" / f"{module}.meta"
-        if meta.is_file():
-            data = json.loads(meta.read_text())
-            codes = data["exit_code_by_key"]
-            data["exit_code_by_key"] = {k: None if v in (0, 33) and k not in EQUIVALENT else v for k, v in codes.items()}
-            atomic_write_text(meta, json.dumps(data))
-            left += [k for k, v in data["exit_code_by_key"].items() if v is None]
-    return left
+    return [k for module in modules for k in _forget(work, module, lambda k, v: v in (0, 33) and k not in EQUIVALENT)]
+
+
+def _forget(work: Path, module: str, which) -> list[str]:
+    """Mark the module's mutants `which(name, exit code)` picks unchecked in mutmut's results file
+    (mutmut checks a mutant only while it has no verdict); returns every one now unchecked."""
+    meta = work / "mutants" / f"{module}.meta"
+    if not meta.is_file():
+        return []
+    data = json.loads(meta.read_text())
+    data["exit_code_by_key"] = {k: None if which(k, v) else v for k, v in data["exit_code_by_key"].items()}
+    atomic_write_text(meta, json.dumps(data))
+    return [k for k, v in data["exit_code_by_key"].items() if v is None]
 
 
 def collect(modules: list[str], seconds: float | None = None, children: int = 2) -> Path:
@@ -284,9 +288,9 @@ def scores(result: dict) -> dict[str, dict]:
     return out
 
 
-if __name__ == "__main__":  # python -m bench.mutation [--collect | --left] [module ...] | --beyond-budget mutant ...
+if __name__ == "__main__":  # python -m bench.mutation [--collect | --left] [module ...] | --again|--beyond-budget mutant ...
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    if "--beyond-budget" in sys.argv:
-        print(beyond_budget(*args))
+    if {"--again", "--beyond-budget"} & set(sys.argv):
+        print(again(*args, budget="--again" in sys.argv))
     else:
         print(collect(args or MODULES) if "--collect" in sys.argv else run(*args, left_only="--left" in sys.argv))
