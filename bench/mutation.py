@@ -146,8 +146,8 @@ def run(*modules: str, children: int = 2, left_only: bool = False) -> Path:
 
 
 def again(*mutants: str, budget: bool = True, children: int = 2) -> Path:
-    """Check the named mutants again: a timeout while the machine was busy with something else (a
-    CPU-seconds limit counts threads that waited for a core) is not a kill. budget=False runs them
+    """Check the named mutants again: a timeout while the machine was busy with something else, or
+    the job paused (mutmut's wall-clock limit runs on), is not a kill. budget=False runs them
     against every test that covers them and records which this kills, for the table to count those
     kills apart (a budgeted run would not have made them)."""
     work = WORK / "tree"
