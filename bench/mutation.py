@@ -236,7 +236,9 @@ def collect(modules: list[str], seconds: float | None = None, children: int = 2)
     for module in modules:
         mine = {m: s for m, s in status.items() if _module(m) == module}
         survivors = {m: _show(work, m) for m, s in mine.items() if s in LIVED and m not in EQUIVALENT}
-        per_module[module.removeprefix("src/turbotrain/")] = {
+        key = module.removeprefix("src/turbotrain/")
+        beyond |= set(per_module.get(key, {}).get("killed_beyond_budget", ()))  # recorded on another machine
+        per_module[key] = {
             "commit": commit,
             "seconds": seconds,
             "status": dict(Counter(mine.values())),
