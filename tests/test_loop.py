@@ -27,13 +27,13 @@ def _data(n: int, seed: int = 0):
 
 
 def _run(model, x, y, *, batch_size, accum, tmp_path, overrides=(), log_every=1, optim="sgd", reduce=None, state=None, **epoch):
-    """One train_one_epoch over (x, y); `state` a resumed epoch's (its loader then holds the rest,
-    `batches_in_epoch` given), `epoch` its other keywords (on_step, ...)."""
+    """One train_one_epoch over (x, y), or over `loader` where given; `state` a resumed epoch's (its
+    loader then holds the rest, `batches_in_epoch` given), `epoch` its other keywords (on_step, ...)."""
     cfg = make_cfg(f"optim={optim}", "optim.weight_decay=0", "precision=fp32", *overrides)
     cfg.trainer.grad_accum_steps = accum
     cfg.trainer.log_every_n_steps = log_every
     opt = build_optimizer(model, cfg.optim)
-    loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False)
+    loader = epoch.pop("loader", None) or DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False)
     state = state or TrainState()
     train_one_epoch(
         model,
