@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import resource
 
 import torch
 from torch import nn
@@ -43,6 +45,7 @@ def test_the_bar_of_a_resumed_epoch_counts_on_from_where_it_stopped(tmp_path, ca
     err = capsys.readouterr().err
     assert state.batch_in_epoch == 4
     assert "epoch 3:  75%" in err and "| 3/4 [" in err, err  # drawn at the first step's log line
+    assert re.search(r"acc=0\.\d{3}, loss=\d+\.\d{3}, sps=\d+\]", err), err  # the step's figures
 
 
 def test_no_bar_where_stderr_is_no_terminal(tmp_path, capsys):
@@ -134,10 +137,14 @@ def test_ddp_syncs_gradients_on_each_groups_last_micro_batch_only(tmp_path):
     assert len(forwards) == 8 and unsynced == [0, 1, 3, 4, 6]
 
 
-def test_train_events_name_their_step_and_epoch(tmp_path):
+def test_train_events_name_their_step_epoch_skips_and_memory(tmp_path):
     x, y = _data(32)
     tracker = Tracker(tmp_path, enabled=True, logger_cfg=make_cfg().logger, config={}, progress_bar=False)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     _run(_mlp(), x, y, batch_size=8, accum=1, tmp_path=tmp_path, log_every=2, state=TrainState(epoch=2), tracker=tracker)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     tracker.close()
     events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [(e["step"], e["epoch"], e["split"]) for e in events] == [(2, 2, "train"), (4, 2, "train")]
+    seen = [(e["step"], e["epoch"], e["split"], e["skipped_steps"], e["gpu_util"]) for e in events]
+    assert seen == [(2, 2, "train", 0, None), (4, 2, "train", 0, None)]  # no GPU figure on a CPU
+    assert all(before <= e["peak_mem_mb"] <= after for e in events)  # the process's high-water mark then
