@@ -32,7 +32,7 @@ from pathlib import Path
 from bench.common import RESULTS, ROOT, write
 from bench.mutation_equivalent import EQUIVALENT
 from bench.mutation_order import BUDGET_ENV
-from bench.mutation_verdicts import record, seed
+from bench.mutation_verdicts import record, seed_tree
 from turbotrain.core.atomic import atomic_write_text
 
 WORK = Path(os.path.expanduser("~/.cache/turbotrain/bench/mutation"))
@@ -129,7 +129,7 @@ def run(*modules: str, children: int = 2, left_only: bool = False) -> Path:
         raise SystemExit("bench mutation needs mutmut: pip install -e .[mutation]")
     work = _work_tree()
     _configure(work)
-    _seed(work)
+    seed_tree(work, _recorded(), MODULES)
     _forget_changed_tests(work)
     left = _forget_survivors(work, modules)
     t0 = time.perf_counter()
@@ -160,18 +160,12 @@ def again(*mutants: str, budget: bool = True, children: int = 2) -> Path:
         subprocess.run(command, cwd=work, env=env, stdout=log, stderr=log, check=True)
     if not budget:
         status = _results(work)
-        seen = json.loads(BEYOND.read_text()) if BEYOND.is_file() else []
-        atomic_write_text(BEYOND, json.dumps(sorted(set(seen) | {m for m in mutants if status.get(m) in KILLED})))
+        atomic_write_text(BEYOND, json.dumps(sorted(_beyond() | {m for m in mutants if status.get(m) in KILLED})))
     return collect(sorted({_module(m) for m in mutants}), children=children)
 
 
-def _seed(work: Path) -> None:
-    """A fresh tree starts from the verdicts mutation.json carries (bench/mutation_verdicts.py)."""
-    earlier = _recorded()
-    for module in MODULES:
-        verdicts = earlier.get("modules", {}).get(module.removeprefix("src/turbotrain/"), {}).get("verdicts", {})
-        if seed(work / "mutants" / f"{module}.meta", module, verdicts):
-            print(f"bench mutation: {module} continues from the verdicts in mutation.json", flush=True)
+def _beyond() -> set[str]:  # the mutants this machine's --beyond-budget runs killed
+    return set(json.loads(BEYOND.read_text())) if BEYOND.is_file() else set()
 
 
 def _recorded() -> dict:
@@ -230,7 +224,7 @@ def collect(modules: list[str], seconds: float | None = None, children: int = 2)
     commit its tests were at."""
     work, commit = WORK / "tree", (WORK / "tree.commit").read_text()
     status = _results(work)
-    beyond = set(json.loads(BEYOND.read_text())) if BEYOND.is_file() else set()
+    beyond = _beyond()
     earlier = _recorded()
     per_module = dict(earlier.get("modules", {}))
     for module in modules:

@@ -40,3 +40,11 @@ def seed(meta: Path, module: str, verdicts: dict[str, dict]) -> bool:
     empty = {"type_check_error_by_key": {}, "durations_by_key": {}, "estimated_durations_by_key": {}}
     atomic_write_text(meta, json.dumps({"exit_code_by_key": codes, "hash_by_function_name": hashes, **empty}))
     return True
+
+
+def seed_tree(work: Path, recorded: dict, modules: list[str]) -> None:
+    """A fresh work tree starts from the verdicts `recorded` (mutation.json) carries for `modules`."""
+    for module in modules:
+        verdicts = recorded.get("modules", {}).get(module.removeprefix("src/turbotrain/"), {}).get("verdicts", {})
+        if seed(work / "mutants" / f"{module}.meta", module, verdicts):
+            print(f"bench mutation: {module} continues from the verdicts in mutation.json", flush=True)
