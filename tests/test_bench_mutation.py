@@ -8,7 +8,7 @@ from bench.mutation_equivalent import EQUIVALENT
 
 def test_a_rerun_tries_survivors_and_unseen_mutants_again_but_not_killed_or_equivalent_ones(tmp_path):
     equivalent = next(k for k in EQUIVALENT if k.startswith("turbotrain.train.loop."))
-    module = "src/turbotrain/train/loop.py"
+    module = _real("src/turbotrain/train/loop.py")
     codes = {"killed": 1, "survived": 0, "no_tests": 33, "unchecked": None, equivalent: 0}
     meta = tmp_path / "mutants" / f"{module}.meta"
     meta.parent.mkdir(parents=True)
@@ -83,8 +83,9 @@ def test_verdicts_carried_in_the_json_give_a_fresh_tree_mutmuts_results_file_bac
         "turbotrain.train.loop.x_to_device__mutmut_1": 33,
     }
     hashes = {"xǁStepǁbackward": "aaa", "x_to_device": "bbb"}
-    meta = tmp_path / "old" / "loop.py.meta"
-    meta.parent.mkdir()
+    module = _real("src/turbotrain/train/loop.py")
+    meta = tmp_path / "old" / "mutants" / f"{module}.meta"  # where mutmut keeps a module's results
+    meta.parent.mkdir(parents=True)
     meta.write_text(json.dumps({"exit_code_by_key": codes, "hash_by_function_name": hashes, "durations_by_key": {"x": 1.0}}))
     verdicts = json.loads(json.dumps(record(meta)))  # as mutation.json holds them
     assert verdicts == {
@@ -92,10 +93,16 @@ def test_verdicts_carried_in_the_json_give_a_fresh_tree_mutmuts_results_file_bac
         "xǁStepǁbackward": {"hash": "aaa", "exit_codes": [1, 0, None]},
     }
 
-    fresh = tmp_path / "new" / "mutants" / "src" / "turbotrain" / "train" / "loop.py.meta"
-    assert seed(fresh, "src/turbotrain/train/loop.py", verdicts)
+    fresh = tmp_path / "new" / "mutants" / f"{module}.meta"
+    assert seed(fresh, module, verdicts)
     written = json.loads(fresh.read_text())
     assert (written["exit_code_by_key"], written["hash_by_function_name"]) == (codes, hashes)
     other = {"x_to_device": {"hash": "ccc", "exit_codes": [1]}}
-    assert not seed(fresh, "src/turbotrain/train/loop.py", other)  # a tree's own results stay
+    assert not seed(fresh, module, other)  # a tree's own results stay
     assert json.loads(fresh.read_text()) == written
+
+
+def _real(module: str) -> str:
+    """A module the job mutates, as it names it: a test of its results files follows a move."""
+    assert module in mutation.MODULES and (mutation.ROOT / module).is_file(), module
+    return module

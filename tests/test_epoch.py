@@ -67,11 +67,10 @@ def test_an_epoch_adds_its_samples_and_the_dropped_ones_to_a_resumed_count(tmp_p
     samples = [(x[i], y[i]) for i in range(32)]
     dropped = (0, 2, 0, 1)
     batches = [collate_skipping_bad(samples[8 * b : 8 * b + 8] + [None] * n) for b, n in enumerate(dropped)]
-    state = _run(
-        _mlp(), x, y, batch_size=8, accum=1, tmp_path=tmp_path, loader=batches, state=TrainState(samples_seen=16, bad_samples=1)
-    )
+    carried = {"samples_seen": 16, "bad_samples": 1}  # what a checkpoint brought in
+    state = _run(_mlp(), x, y, batch_size=8, accum=1, tmp_path=tmp_path, loader=batches, state=TrainState(**carried))
     assert (state.samples_seen, state.bad_samples) == (16 + 32, 1 + 3)
-    plain = _run(_mlp(), x, y, batch_size=8, accum=1, tmp_path=tmp_path, state=TrainState(samples_seen=16, bad_samples=1))
+    plain = _run(_mlp(), x, y, batch_size=8, accum=1, tmp_path=tmp_path, state=TrainState(**carried))
     assert (plain.samples_seen, plain.bad_samples) == (16 + 32, 1)
 
 
